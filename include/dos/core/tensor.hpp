@@ -1,0 +1,126 @@
+#pragma once
+/// @file
+/// @brief How any framework's parameter type drives dos: the `tensor_traits`
+///        customization point, the `Tensor` concept, and the built-in `HostParam<T>`.
+///
+/// dos never copies a framework's tensors. At construction and at every `step()` it
+/// asks the traits for raw views of the value and of the gradient, validates them,
+/// and updates the value in place. Views are re-read at every step because
+/// frameworks may reallocate gradients between steps.
+
+#include "dos/core/float16.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <type_traits>
+#include <variant>
+
+namespace dos {
+
+/// @brief Element types dos can update in place.
+enum class DType : std::uint8_t { f32, bf16, f16 };
+
+/// @brief Where a tensor's bytes live. The CPU backend accepts only `host`.
+enum class Device : std::uint8_t { host, device };
+
+/// @brief Size in bytes of one element of @p t.
+constexpr std::size_t dtype_size(DType t) noexcept { return t == DType::f32 ? 4 : 2; }
+
+/// @brief Human-readable name, for error messages and reports.
+constexpr std::string_view dtype_name(DType t) noexcept {
+  switch (t) {
+    case DType::f32: return "float32";
+    case DType::bf16: return "bfloat16";
+    case DType::f16: return "float16";
+  }
+  return "?";
+}
+
+/// @brief The `DType` of a C++ element type.
+template <class T>
+inline constexpr DType dtype_of = [] {
+  using U = std::remove_cv_t<T>;
+  static_assert(std::is_same_v<U, float> || std::is_same_v<U, bf16> || std::is_same_v<U, fp16>,
+                "dos: supported element types are float, dos::bf16 and dos::fp16");
+  if constexpr (std::is_same_v<U, float>) return DType::f32;
+  else if constexpr (std::is_same_v<U, bf16>) return DType::bf16;
+  else return DType::f16;
+}();
+
+/// @brief A mutable, type-erased view of a parameter's values.
+struct TensorView {
+  void* data = nullptr;
+  std::size_t numel = 0;
+  DType dtype = DType::f32;
+  Device device = Device::host;
+};
+
+/// @brief A read-only, type-erased view of a gradient.
+struct ConstTensorView {
+  const void* data = nullptr;
+  std::size_t numel = 0;
+  DType dtype = DType::f32;
+  Device device = Device::host;
+};
+
+/// @brief Customization point: specialise for a framework's parameter type.
+///
+/// A specialisation provides two static functions:
+/// @code
+/// template <> struct dos::tensor_traits<my::Parameter> {
+///   static dos::TensorView value(const my::Parameter& p) {
+///     return {p.data_ptr(), p.numel(), dos::DType::bf16, dos::Device::host};
+///   }
+///   static dos::ConstTensorView grad(const my::Parameter& p) {
+///     return {p.grad_ptr(), p.numel(), dos::DType::bf16, dos::Device::host};
+///   }
+/// };
+/// @endcode
+template <class T>
+struct tensor_traits;
+
+/// @brief A type dos can optimise: `tensor_traits<T>` yields value and gradient views.
+template <class T>
+concept Tensor = requires(const T& t) {
+  { tensor_traits<T>::value(t) } -> std::same_as<TensorView>;
+  { tensor_traits<T>::grad(t) } -> std::same_as<ConstTensorView>;
+};
+
+/// @brief The default adapter: a host parameter given as two spans.
+/// @tparam T `float`, `dos::bf16` or `dos::fp16`. Lower-precision values get an fp32
+///         master copy inside the optimizer.
+template <class T>
+struct HostParam {
+  std::span<T> value;
+  std::span<const T> grad;
+};
+
+template <class T>
+struct tensor_traits<HostParam<T>> {
+  static TensorView value(const HostParam<T>& p) noexcept {
+    return {static_cast<void*>(p.value.data()), p.value.size(), dtype_of<T>, Device::host};
+  }
+  static ConstTensorView grad(const HostParam<T>& p) noexcept {
+    return {static_cast<const void*>(p.grad.data()), p.grad.size(), dtype_of<T>, Device::host};
+  }
+};
+
+/// @brief A variant of tensor types is a tensor: one optimizer can hold parameters of
+///        several element types, for example fp32 norms beside bf16 matrices.
+template <Tensor... Ts>
+struct tensor_traits<std::variant<Ts...>> {
+  static TensorView value(const std::variant<Ts...>& p) {
+    return std::visit([](const auto& t) { return tensor_traits<std::remove_cvref_t<decltype(t)>>::value(t); }, p);
+  }
+  static ConstTensorView grad(const std::variant<Ts...>& p) {
+    return std::visit([](const auto& t) { return tensor_traits<std::remove_cvref_t<decltype(t)>>::grad(t); }, p);
+  }
+};
+
+static_assert(Tensor<HostParam<float>>);
+static_assert(Tensor<HostParam<bf16>>);
+static_assert(Tensor<std::variant<HostParam<float>, HostParam<bf16>>>);
+
+}  // namespace dos

@@ -1,0 +1,70 @@
+#pragma once
+/// @file
+/// @brief The portable kernel: one float per lane. It is the reference the SIMD
+///        kernels must match bit for bit, and the fallback on CPUs without AVX2.
+
+#include "dos/core/float16.hpp"
+#include "dos/cpu/kernel.hpp"
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace dos::cpu::isa {
+
+/// Correctly rounded a / b that no compiler flag can turn into a reciprocal
+/// approximation: on x86-64 the SSE instruction is pinned with inline asm.
+inline float exact_div(float a, float b) {
+#if DOS_X86_DISPATCH
+  __asm__("divss %1, %0" : "+x"(a) : "x"(b));
+  return a;
+#else
+  return a / b;
+#endif
+}
+
+/// Correctly rounded square root, pinned like `exact_div`.
+inline float exact_sqrt(float a) {
+#if DOS_X86_DISPATCH
+  float r;
+  __asm__("sqrtss %1, %0" : "=x"(r) : "x"(a));
+  return r;
+#else
+  return std::sqrt(a);
+#endif
+}
+
+}  // namespace dos::cpu::isa
+
+namespace dos::cpu::isa::scalar {
+
+using Lane = float;
+inline constexpr std::size_t kWidth = 1;
+
+inline float broadcast(float x) { return x; }
+inline float mul(float a, float b) { return a * b; }
+inline float fma(float a, float b, float c) { return std::fma(a, b, c); }
+inline float div(float a, float b) { return exact_div(a, b); }
+inline float sqrt(float a) { return exact_sqrt(a); }
+/// Unsigned comparison of the bit patterns: the order of non-negative floats, with
+/// NaN above infinity, so NaN propagates like torch.maximum under any -ffast-math.
+inline float max_nonneg(float a, float b) {
+  return ::dos::detail::float_bits(a) >= ::dos::detail::float_bits(b) ? a : b;
+}
+
+inline float load(const float* p) { return *p; }
+inline float load(const bf16* p) { return static_cast<float>(*p); }
+inline float load(const fp16* p) { return static_cast<float>(*p); }
+inline void store(float* p, float x) { *p = x; }
+inline void store(bf16* p, float x) { *p = bf16(x); }
+inline void store(fp16* p, float x) { *p = fp16(x); }
+
+#define DOS_STEP_FN inline
+#define DOS_LOOP_FN inline
+#include "dos/optim/detail/adam_step.inl"
+#include "dos/cpu/isa/segment_loop.inl"
+#undef DOS_STEP_FN
+#undef DOS_LOOP_FN
+
+}  // namespace dos::cpu::isa::scalar

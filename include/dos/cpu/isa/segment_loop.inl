@@ -1,0 +1,49 @@
+// The CPU loop over one segment. No include guard: included once per instruction
+// set, inside that set's namespace and target region, after adam_step.inl.
+//
+// The includer provides the lane type `Lane` of width `kWidth`, `broadcast(float)`,
+// and lane loads/stores that convert from and to float, bf16 and fp16. The tail of a
+// range runs the same adam_step on plain floats, which gives bit-identical results
+// because every operation in it is a single correctly rounded IEEE operation.
+
+DOS_STEP_FN ::dos::AdamCoefficients<Lane> broadcast_coefficients(const ::dos::AdamCoefficients<float>& k) {
+  return {broadcast(k.grad_sign), broadcast(k.l2),
+          broadcast(k.decay),     broadcast(k.beta1),
+          broadcast(k.one_minus_beta1), broadcast(k.beta2),
+          broadcast(k.one_minus_beta2), broadcast(k.inv_sqrt_bias_correction2),
+          broadcast(k.eps),       broadcast(k.neg_step_size)};
+}
+
+template <class P, class G, bool Amsgrad>
+DOS_LOOP_FN void adam_range(const ::dos::cpu::SegmentArgs& a, std::size_t begin, std::size_t end,
+                            const ::dos::AdamCoefficients<float>& k) {
+  constexpr bool has_master = !std::is_same_v<P, float>;
+  auto* const param = static_cast<P*>(a.param);
+  const auto* const grad = static_cast<const G*>(a.grad);
+  float* const m_ = a.exp_avg;
+  float* const v_ = a.exp_avg_sq;
+  float* const vmax_ = a.max_exp_avg_sq;
+
+  const ::dos::AdamCoefficients<Lane> c = broadcast_coefficients(k);
+  std::size_t i = begin;
+  for (; i + kWidth <= end; i += kWidth) {
+    Lane p = has_master ? load(a.master + i) : load(reinterpret_cast<const float*>(param) + i);
+    Lane m = load(m_ + i);
+    Lane v = load(v_ + i);
+    Lane vmax = Amsgrad ? load(vmax_ + i) : v;
+    adam_step<Amsgrad>(p, load(grad + i), m, v, vmax, c);
+    if constexpr (has_master) store(a.master + i, p);
+    store(param + i, p);
+    store(m_ + i, m);
+    store(v_ + i, v);
+    if constexpr (Amsgrad) store(vmax_ + i, vmax);
+  }
+  for (; i < end; ++i) {
+    float p = has_master ? a.master[i] : static_cast<float>(param[i]);
+    float vmax = Amsgrad ? vmax_[i] : 0.0f;
+    adam_step<Amsgrad>(p, static_cast<float>(grad[i]), m_[i], v_[i], vmax, k);
+    if constexpr (has_master) a.master[i] = p;
+    param[i] = P(p);
+    if constexpr (Amsgrad) vmax_[i] = vmax;
+  }
+}

@@ -1,0 +1,27 @@
+#pragma once
+/// @file
+/// @brief The contract between the CPU executor and its per-instruction-set kernels:
+///        the pointers of one segment and the signature of a range update.
+
+#include "dos/optim/adam.hpp"
+
+#include <cstddef>
+
+namespace dos::cpu {
+
+/// @brief The arrays of one segment (a contiguous piece of one tensor), all indexed
+///        from the segment's first element.
+struct SegmentArgs {
+  void* param = nullptr;        ///< the framework's values, in place (float, bf16 or fp16)
+  const void* grad = nullptr;   ///< the framework's gradient (float, bf16 or fp16)
+  float* master = nullptr;      ///< fp32 master copy; null when the values are fp32
+  float* exp_avg = nullptr;     ///< m
+  float* exp_avg_sq = nullptr;  ///< v
+  float* max_exp_avg_sq = nullptr;  ///< vmax; null without amsgrad
+};
+
+/// @brief Updates elements [begin, end) of a segment with the given step coefficients.
+using RangeKernel = void (*)(const SegmentArgs&, std::size_t begin, std::size_t end,
+                             const AdamCoefficients<float>&);
+
+}  // namespace dos::cpu

@@ -1,0 +1,107 @@
+#pragma once
+/// @file
+/// @brief Host memory for optimizer state: the `MemoryResource` concept, the aligned
+///        `HostResource` (optionally backed by transparent huge pages), and `HostBuffer`,
+///        an owning, zero-initialised array.
+
+#include "dos/error.hpp"
+
+#include <concepts>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <span>
+#include <utility>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+namespace dos {
+
+/// @brief Anything that hands out and takes back raw memory, in the manner of
+///        `cuda::mr`: `allocate(bytes, alignment)` and `deallocate(ptr, bytes, alignment)`.
+/// @code
+/// dos::HostResource r{.huge_pages = true};
+/// void* p = r.allocate(1 << 30, 64);
+/// r.deallocate(p, 1 << 30, 64);
+/// @endcode
+template <class R>
+concept MemoryResource = requires(R& r, void* p, std::size_t bytes, std::size_t alignment) {
+  { r.allocate(bytes, alignment) } -> std::same_as<void*>;
+  r.deallocate(p, bytes, alignment);
+};
+
+/// @brief Aligned host memory. With `huge_pages`, large blocks are 2 MiB aligned and
+///        advised for transparent huge pages, which cuts TLB misses in the
+///        bandwidth-bound update.
+struct HostResource {
+  bool huge_pages = false;
+
+  static constexpr std::size_t huge_page_size = std::size_t{2} << 20;
+
+  /// @throws std::bad_alloc when the system has no memory left.
+  void* allocate(std::size_t bytes, std::size_t alignment) const {
+    if (alignment < alignof(std::max_align_t) || (alignment & (alignment - 1)) != 0)
+      throw_invalid_argument("alignment must be a power of two >= {}, got {}", alignof(std::max_align_t), alignment);
+    const bool huge = huge_pages && bytes >= huge_page_size;
+    if (huge) alignment = std::max(alignment, huge_page_size);
+    const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + alignment - 1) / alignment * alignment;
+    void* p = std::aligned_alloc(alignment, rounded);
+    if (p == nullptr) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (huge) ::madvise(p, rounded, MADV_HUGEPAGE);  // advice only: failure is harmless
+#endif
+    return p;
+  }
+  void deallocate(void* p, std::size_t /*bytes*/, std::size_t /*alignment*/) const noexcept { std::free(p); }
+};
+static_assert(MemoryResource<HostResource>);
+
+/// @brief An owning array of trivially copyable `T` from a `MemoryResource`,
+///        zero-initialised: optimizer moments must start at exactly zero
+///        (ALGORITHM.md 5.4), never at whatever the allocator returned.
+template <class T, MemoryResource R = HostResource>
+class HostBuffer {
+ public:
+  static constexpr std::size_t alignment = 64;  // a cache line, and one AVX-512 vector
+
+  HostBuffer() = default;
+  explicit HostBuffer(std::size_t count, R resource = {}) : resource_(std::move(resource)), count_(count) {
+    if (count_ == 0) return;
+    data_ = static_cast<T*>(resource_.allocate(count_ * sizeof(T), alignment));
+    std::memset(static_cast<void*>(data_), 0, count_ * sizeof(T));
+  }
+  HostBuffer(HostBuffer&& o) noexcept
+      : resource_(std::move(o.resource_)), data_(std::exchange(o.data_, nullptr)), count_(std::exchange(o.count_, 0)) {}
+  HostBuffer& operator=(HostBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      resource_ = std::move(o.resource_);
+      data_ = std::exchange(o.data_, nullptr);
+      count_ = std::exchange(o.count_, 0);
+    }
+    return *this;
+  }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer() { release(); }
+
+  T* data() noexcept { return data_; }
+  const T* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return count_; }
+  std::span<T> span() noexcept { return {data_, count_}; }
+  std::span<const T> span() const noexcept { return {data_, count_}; }
+
+ private:
+  void release() noexcept {
+    if (data_ != nullptr) resource_.deallocate(data_, count_ * sizeof(T), alignment);
+    data_ = nullptr;
+  }
+  [[no_unique_address]] R resource_{};
+  T* data_ = nullptr;
+  std::size_t count_ = 0;
+};
+
+}  // namespace dos

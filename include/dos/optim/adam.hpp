@@ -1,0 +1,116 @@
+#pragma once
+/// @file
+/// @brief Adam and AdamW hyperparameters with exactly PyTorch's semantics, their
+///        validation, and the per-step coefficients shared by every executor.
+///
+/// The maths of one element lives in `dos/optim/detail/adam_step.inl`; this header
+/// turns hyperparameters and a step count into the scalars that maths consumes.
+
+#include "dos/config.hpp"
+#include "dos/error.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <string_view>
+
+namespace dos {
+
+/// @brief `torch.optim.Adam`: L2 weight decay, added to the gradient.
+struct Adam {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool amsgrad = false;
+  bool maximize = false;
+};
+
+/// @brief `torch.optim.AdamW`: decoupled weight decay, applied to the parameter
+///        before the moments are updated.
+struct AdamW {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+  bool amsgrad = false;
+  bool maximize = false;
+};
+
+/// @brief The one representation both optimizers reduce to. Implicitly built from
+///        `Adam` or `AdamW`, so a parameter group accepts either.
+struct AdamConfig {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool amsgrad = false;
+  bool maximize = false;
+  /// true for AdamW: `p *= 1 - lr * weight_decay`; false for Adam: `g += weight_decay * p`.
+  bool decoupled_weight_decay = false;
+
+  AdamConfig() = default;
+  AdamConfig(const Adam& a)  // NOLINT(google-explicit-constructor): groups take either
+      : lr(a.lr), beta1(a.beta1), beta2(a.beta2), eps(a.eps), weight_decay(a.weight_decay),
+        amsgrad(a.amsgrad), maximize(a.maximize), decoupled_weight_decay(false) {}
+  AdamConfig(const AdamW& a)  // NOLINT(google-explicit-constructor)
+      : lr(a.lr), beta1(a.beta1), beta2(a.beta2), eps(a.eps), weight_decay(a.weight_decay),
+        amsgrad(a.amsgrad), maximize(a.maximize), decoupled_weight_decay(true) {}
+};
+
+/// @brief Throws `std::invalid_argument` naming the first invalid field and its value.
+/// @param where prefix for the message, for example "parameter group 2: ".
+/// @throws std::invalid_argument for lr < 0, betas outside [0, 1), eps <= 0,
+///         weight_decay < 0, any non-finite value, or an AdamW decay factor below 0.
+inline void validate(const AdamConfig& c, std::string_view where = {}) {
+  if (!std::isfinite(c.lr) || c.lr < 0) throw_invalid_argument("{}lr must be finite and >= 0, got {}", where, c.lr);
+  if (!std::isfinite(c.beta1) || c.beta1 < 0 || c.beta1 >= 1)
+    throw_invalid_argument("{}beta1 must be in [0, 1), got {}", where, c.beta1);
+  if (!std::isfinite(c.beta2) || c.beta2 < 0 || c.beta2 >= 1)
+    throw_invalid_argument("{}beta2 must be in [0, 1), got {}", where, c.beta2);
+  if (!std::isfinite(c.eps) || c.eps <= 0)
+    throw_invalid_argument("{}eps must be finite and > 0, got {}", where, c.eps);
+  if (!std::isfinite(c.weight_decay) || c.weight_decay < 0)
+    throw_invalid_argument("{}weight_decay must be finite and >= 0, got {}", where, c.weight_decay);
+  if (c.decoupled_weight_decay && c.lr * c.weight_decay > 1)
+    throw_invalid_argument("{}lr * weight_decay must be <= 1 for AdamW (it scales the parameter by 1 - lr * wd), "
+                           "got {} * {}", where, c.lr, c.weight_decay);
+}
+
+/// @brief The scalars of one step, in the lane type `V` (float, or a SIMD vector
+///        after broadcasting). Every executor consumes exactly these values.
+template <class V>
+struct AdamCoefficients {
+  V grad_sign;        ///< -1 with maximize, else +1 (an exact negation)
+  V l2;               ///< Adam's weight decay; 0 for AdamW
+  V decay;            ///< AdamW's 1 - lr * wd; 1 for Adam
+  V beta1, one_minus_beta1;
+  V beta2, one_minus_beta2;
+  V inv_sqrt_bias_correction2;
+  V eps;
+  V neg_step_size;    ///< -lr / (1 - beta1^t)
+};
+
+/// @brief The coefficients of step @p t (counted from 1), computed in double as
+///        PyTorch does with Python floats, then rounded once to float.
+inline AdamCoefficients<float> coefficients(const AdamConfig& c, std::int64_t t) {
+  const double steps = static_cast<double>(t);
+  const double bias_correction1 = 1.0 - std::pow(c.beta1, steps);
+  const double bias_correction2 = 1.0 - std::pow(c.beta2, steps);
+  AdamCoefficients<float> k{};
+  k.grad_sign = c.maximize ? -1.0f : 1.0f;
+  k.l2 = c.decoupled_weight_decay ? 0.0f : static_cast<float>(c.weight_decay);
+  k.decay = c.decoupled_weight_decay ? static_cast<float>(1.0 - c.lr * c.weight_decay) : 1.0f;
+  k.beta1 = static_cast<float>(c.beta1);
+  k.one_minus_beta1 = static_cast<float>(1.0 - c.beta1);
+  k.beta2 = static_cast<float>(c.beta2);
+  k.one_minus_beta2 = static_cast<float>(1.0 - c.beta2);
+  k.inv_sqrt_bias_correction2 = static_cast<float>(1.0 / std::sqrt(bias_correction2));
+  k.eps = static_cast<float>(c.eps);
+  k.neg_step_size = static_cast<float>(-c.lr / bias_correction1);
+  return k;
+}
+
+}  // namespace dos

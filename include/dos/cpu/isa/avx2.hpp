@@ -67,7 +67,7 @@ DOS_ALWAYS_INLINE Lane load(const fp16* p) {
   return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
 }
 DOS_ALWAYS_INLINE void store(float* p, Lane x) { _mm256_storeu_ps(p, x.r); }
-DOS_ALWAYS_INLINE void store(bf16* p, Lane x) {
+DOS_ALWAYS_INLINE __m128i to_bf16(Lane x) {
   const __m256i u = _mm256_castps_si256(x.r);
   const __m256i hi = _mm256_srli_epi32(u, 16);
   const __m256i bias = _mm256_add_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7FFF));
@@ -79,11 +79,15 @@ DOS_ALWAYS_INLINE void store(bf16* p, Lane x) {
   const __m256i bits = _mm256_blendv_epi8(rounded, quiet, nan);
   // packus works per 128-bit half; the permute gathers the two packed quarters.
   const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bits, bits), 0b1000);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+  return _mm256_castsi256_si128(packed);
 }
-DOS_ALWAYS_INLINE void store(fp16* p, Lane x) {
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(x.r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
+DOS_ALWAYS_INLINE __m128i to_fp16(Lane x) { return _mm256_cvtps_ph(x.r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+DOS_ALWAYS_INLINE void store(bf16* p, Lane x) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), to_bf16(x)); }
+DOS_ALWAYS_INLINE void store(fp16* p, Lane x) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), to_fp16(x)); }
+inline constexpr std::size_t kStreamAlignment = 16;
+DOS_ALWAYS_INLINE void store_stream(bf16* p, Lane x) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), to_bf16(x)); }
+DOS_ALWAYS_INLINE void store_stream(fp16* p, Lane x) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), to_fp16(x)); }
+DOS_ALWAYS_INLINE void stream_fence() { _mm_sfence(); }
 
 #define DOS_STEP_FN DOS_ALWAYS_INLINE
 #define DOS_LOOP_FN inline

@@ -76,7 +76,7 @@ DOS_ALWAYS_INLINE Lane load(const fp16* p) {
   return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
 }
 DOS_ALWAYS_INLINE void store(float* p, Lane x) { _mm512_storeu_ps(p, x.r); }
-DOS_ALWAYS_INLINE void store(bf16* p, Lane x) {
+DOS_ALWAYS_INLINE __m256i to_bf16(Lane x) {
   // Same integer rounding as detail::float_to_bf16_bits, sixteen at a time.
   const __m512i u = _mm512_castps_si512(x.r);
   const __m512i hi = _mm512_srli_epi32(u, 16);
@@ -85,12 +85,22 @@ DOS_ALWAYS_INLINE void store(bf16* p, Lane x) {
   const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
   const __mmask16 nan =
       _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
-  const __m512i bits = _mm512_mask_blend_epi32(nan, rounded, quiet);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(bits));
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
 }
-DOS_ALWAYS_INLINE void store(fp16* p, Lane x) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(x.r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+DOS_ALWAYS_INLINE __m256i to_fp16(Lane x) { return _mm512_cvtps_ph(x.r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+DOS_ALWAYS_INLINE void store(bf16* p, Lane x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16(x)); }
+DOS_ALWAYS_INLINE void store(fp16* p, Lane x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_fp16(x)); }
+// Two 16-byte streaming stores: framework buffers are often only 16-byte aligned
+// (glibc's large allocations), which rules out the 32-byte form.
+inline constexpr std::size_t kStreamAlignment = 16;
+DOS_ALWAYS_INLINE void stream_32_bytes(void* p, __m256i x) {
+  auto* q = static_cast<__m128i*>(p);
+  _mm_stream_si128(q, _mm256_castsi256_si128(x));
+  _mm_stream_si128(q + 1, _mm256_extracti128_si256(x, 1));
 }
+DOS_ALWAYS_INLINE void store_stream(bf16* p, Lane x) { stream_32_bytes(p, to_bf16(x)); }
+DOS_ALWAYS_INLINE void store_stream(fp16* p, Lane x) { stream_32_bytes(p, to_fp16(x)); }
+DOS_ALWAYS_INLINE void stream_fence() { _mm_sfence(); }
 
 #define DOS_STEP_FN DOS_ALWAYS_INLINE
 #define DOS_LOOP_FN inline

@@ -59,6 +59,10 @@ inline float load(const fp16* p) { return static_cast<float>(*p); }
 inline void store(float* p, float x) { *p = x; }
 inline void store(bf16* p, float x) { *p = bf16(x); }
 inline void store(fp16* p, float x) { *p = fp16(x); }
+inline constexpr std::size_t kStreamAlignment = 1;  // "streaming" is a plain store here
+template <class T>
+inline void store_stream(T* p, float x) { store(p, x); }
+inline void stream_fence() {}
 
 #define DOS_STEP_FN inline
 #define DOS_LOOP_FN inline

@@ -14,9 +14,12 @@ DOS_STEP_FN ::dos::AdamCoefficients<Lane> broadcast_coefficients(const ::dos::Ad
           broadcast(k.eps),       broadcast(k.neg_step_size)};
 }
 
-template <class P, class G, bool Amsgrad>
-DOS_LOOP_FN void adam_range(const ::dos::cpu::SegmentArgs& a, std::size_t begin, std::size_t end,
-                            const ::dos::AdamCoefficients<float>& k) {
+// Stream: write the 16-bit copy with non-temporal stores. Nothing reads it during the
+// update, so streaming saves the read-for-ownership of every line: 2 B per element,
+// which puts a bf16 update at the same 28 B per element as an fp32 one.
+template <class P, class G, bool Amsgrad, bool Stream>
+DOS_LOOP_FN void adam_range_impl(const ::dos::cpu::SegmentArgs& a, std::size_t begin, std::size_t end,
+                                 const ::dos::AdamCoefficients<float>& k) {
   constexpr bool has_master = !std::is_same_v<P, float>;
   auto* const param = static_cast<P*>(a.param);
   const auto* const grad = static_cast<const G*>(a.grad);
@@ -33,7 +36,11 @@ DOS_LOOP_FN void adam_range(const ::dos::cpu::SegmentArgs& a, std::size_t begin,
     Lane vmax = Amsgrad ? load(vmax_ + i) : v;
     adam_step<Amsgrad>(p, load(grad + i), m, v, vmax, c);
     if constexpr (has_master) store(a.master + i, p);
-    store(param + i, p);
+    if constexpr (Stream) {
+      store_stream(param + i, p);
+    } else {
+      store(param + i, p);
+    }
     store(m_ + i, m);
     store(v_ + i, v);
     if constexpr (Amsgrad) store(vmax_ + i, vmax);
@@ -46,4 +53,17 @@ DOS_LOOP_FN void adam_range(const ::dos::cpu::SegmentArgs& a, std::size_t begin,
     param[i] = P(p);
     if constexpr (Amsgrad) vmax_[i] = vmax;
   }
+}
+
+template <class P, class G, bool Amsgrad>
+DOS_LOOP_FN void adam_range(const ::dos::cpu::SegmentArgs& a, std::size_t begin, std::size_t end,
+                            const ::dos::AdamCoefficients<float>& k) {
+  if constexpr (!std::is_same_v<P, float>) {
+    if (reinterpret_cast<std::uintptr_t>(static_cast<P*>(a.param) + begin) % kStreamAlignment == 0) {
+      adam_range_impl<P, G, Amsgrad, true>(a, begin, end, k);
+      stream_fence();
+      return;
+    }
+  }
+  adam_range_impl<P, G, Amsgrad, false>(a, begin, end, k);
 }

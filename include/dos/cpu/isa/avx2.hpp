@@ -27,6 +27,9 @@
 
 namespace dos::cpu::isa::avx2 {
 
+#define DOS_STEP_FN DOS_ALWAYS_INLINE
+#define DOS_LOOP_FN inline
+
 struct Lane {
   __m256 r;
 };
@@ -50,13 +53,7 @@ DOS_ALWAYS_INLINE Lane max_nonneg(Lane a, Lane b) {
   return {_mm256_castsi256_ps(_mm256_max_epu32(_mm256_castps_si256(a.r), _mm256_castps_si256(b.r)))};
 }
 
-DOS_ALWAYS_INLINE float mul(float a, float b) { return a * b; }
-DOS_ALWAYS_INLINE float fma(float a, float b, float c) { return std::fma(a, b, c); }
-DOS_ALWAYS_INLINE float div(float a, float b) { return ::dos::cpu::isa::exact_div(a, b); }
-DOS_ALWAYS_INLINE float sqrt(float a) { return ::dos::cpu::isa::exact_sqrt(a); }
-DOS_ALWAYS_INLINE float max_nonneg(float a, float b) {
-  return ::dos::detail::float_bits(a) >= ::dos::detail::float_bits(b) ? a : b;
-}
+#include "dos/cpu/isa/float_ops.inl"
 
 DOS_ALWAYS_INLINE Lane load(const float* p) { return {_mm256_loadu_ps(p)}; }
 DOS_ALWAYS_INLINE Lane load(const bf16* p) {
@@ -89,8 +86,6 @@ DOS_ALWAYS_INLINE void store_stream(bf16* p, Lane x) { _mm_stream_si128(reinterp
 DOS_ALWAYS_INLINE void store_stream(fp16* p, Lane x) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), to_fp16(x)); }
 DOS_ALWAYS_INLINE void stream_fence() { _mm_sfence(); }
 
-#define DOS_STEP_FN DOS_ALWAYS_INLINE
-#define DOS_LOOP_FN inline
 #include "dos/optim/detail/adam_step.inl"
 #include "dos/cpu/isa/segment_loop.inl"
 #undef DOS_STEP_FN

@@ -33,6 +33,9 @@
 
 namespace dos::cpu::isa::avx512 {
 
+#define DOS_STEP_FN DOS_ALWAYS_INLINE
+#define DOS_LOOP_FN inline
+
 struct Lane {
   __m512 r;
 };
@@ -59,13 +62,7 @@ DOS_ALWAYS_INLINE Lane max_nonneg(Lane a, Lane b) {
 }
 
 // The float versions serve the scalar tail of each range.
-DOS_ALWAYS_INLINE float mul(float a, float b) { return a * b; }
-DOS_ALWAYS_INLINE float fma(float a, float b, float c) { return std::fma(a, b, c); }
-DOS_ALWAYS_INLINE float div(float a, float b) { return ::dos::cpu::isa::exact_div(a, b); }
-DOS_ALWAYS_INLINE float sqrt(float a) { return ::dos::cpu::isa::exact_sqrt(a); }
-DOS_ALWAYS_INLINE float max_nonneg(float a, float b) {
-  return ::dos::detail::float_bits(a) >= ::dos::detail::float_bits(b) ? a : b;
-}
+#include "dos/cpu/isa/float_ops.inl"
 
 DOS_ALWAYS_INLINE Lane load(const float* p) { return {_mm512_loadu_ps(p)}; }
 DOS_ALWAYS_INLINE Lane load(const bf16* p) {
@@ -102,8 +99,6 @@ DOS_ALWAYS_INLINE void store_stream(bf16* p, Lane x) { stream_32_bytes(p, to_bf1
 DOS_ALWAYS_INLINE void store_stream(fp16* p, Lane x) { stream_32_bytes(p, to_fp16(x)); }
 DOS_ALWAYS_INLINE void stream_fence() { _mm_sfence(); }
 
-#define DOS_STEP_FN DOS_ALWAYS_INLINE
-#define DOS_LOOP_FN inline
 #include "dos/optim/detail/adam_step.inl"
 #include "dos/cpu/isa/segment_loop.inl"
 #undef DOS_STEP_FN

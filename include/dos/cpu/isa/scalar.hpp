@@ -42,16 +42,11 @@ namespace dos::cpu::isa::scalar {
 using Lane = float;
 inline constexpr std::size_t kWidth = 1;
 
+#define DOS_STEP_FN inline
+#define DOS_LOOP_FN inline
+#include "dos/cpu/isa/float_ops.inl"
+
 inline float broadcast(float x) { return x; }
-inline float mul(float a, float b) { return a * b; }
-inline float fma(float a, float b, float c) { return std::fma(a, b, c); }
-inline float div(float a, float b) { return exact_div(a, b); }
-inline float sqrt(float a) { return exact_sqrt(a); }
-/// Unsigned comparison of the bit patterns: the order of non-negative floats, with
-/// NaN above infinity, so NaN propagates like torch.maximum under any -ffast-math.
-inline float max_nonneg(float a, float b) {
-  return ::dos::detail::float_bits(a) >= ::dos::detail::float_bits(b) ? a : b;
-}
 
 inline float load(const float* p) { return *p; }
 inline float load(const bf16* p) { return static_cast<float>(*p); }
@@ -64,8 +59,6 @@ template <class T>
 inline void store_stream(T* p, float x) { store(p, x); }
 inline void stream_fence() {}
 
-#define DOS_STEP_FN inline
-#define DOS_LOOP_FN inline
 #include "dos/optim/detail/adam_step.inl"
 #include "dos/cpu/isa/segment_loop.inl"
 #undef DOS_STEP_FN

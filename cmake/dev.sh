@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian 12 machine (run as root) and builds dos, then:
+#   bash cmake/dev.sh quickstart   runs the quickstart example (the main job)
+#   bash cmake/dev.sh test         runs every test: the optimised build, then the
+#                                  AddressSanitizer + UBSan build
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(cmake make g++ libfmt-dev doctest-dev libbenchmark-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "dos: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+jobs=$(nproc)
+case "${1:-}" in
+  quickstart)
+    cmake --preset release >/dev/null
+    cmake --build --preset release -j "$jobs" --target quickstart
+    build/release/examples/quickstart
+    ;;
+  test)
+    cmake --preset release
+    cmake --build --preset release -j "$jobs"
+    ctest --preset release
+    cmake --preset asan
+    cmake --build --preset asan -j "$jobs"
+    ctest --preset asan
+    ;;
+  *)
+    echo "usage: bash cmake/dev.sh quickstart|test" >&2
+    exit 2
+    ;;
+esac

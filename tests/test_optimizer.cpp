@@ -10,6 +10,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
+#include <limits>
 #include <variant>
 #include <vector>
 
@@ -119,9 +121,13 @@ TEST_CASE("views are re-read at every step and validated before any change") {
     CHECK_THROWS_AS(opt.step(), std::invalid_argument);
     CHECK(v == v_before);
     CHECK(v2 == v2_before);  // parameter 1 is fine but must not move either
+    // State access validates the views too, so read it through good views.
+    const auto bad = std::tuple(sv, sg, sv2, sg2);
+    sv = std::span<float>(v), sg = std::span<const float>(g), sv2 = std::span<float>(v2), sg2 = std::span<const float>(g2);
     std::vector<float> m(100);
     opt.read_state(0, StateKind::exp_avg, m);
     CHECK(m == m_before);
+    std::tie(sv, sg, sv2, sg2) = bad;
     CHECK(opt.step_count() == 1);
   };
   sv = std::span<float>(v).first(99);
@@ -142,7 +148,12 @@ TEST_CASE("views are re-read at every step and validated before any change") {
   sv2 = std::span<float>(reinterpret_cast<float*>(raw.data() + 2), 50);
   CHECK_THROWS_WITH(opt.step(), doctest::Contains("not aligned to 4 bytes"));
   rejected("misaligned value");
+  // State access validates the live view too: no write past a shrunk buffer.
+  std::vector<float> m99(100);
   sv2 = std::span<float>(v2);
+  sv = std::span<float>(v).first(99);
+  CHECK_THROWS_WITH(opt.read_state(0, StateKind::master, m99), doctest::Contains("value has 99 elements"));
+  sv = std::span<float>(v);
   CHECK(opt.step().applied);  // recovers once the views are good again
   CHECK(opt.step_count() == 2);
 }
@@ -243,8 +254,9 @@ TEST_CASE("groups: no weight decay on the bias group, and per-group lr schedules
 
 TEST_CASE("mixed fp32 and bf16 parameters in one optimizer") {
   using Any = std::variant<HostParam<float>, HostParam<bf16>>;
-  std::vector<float> a(100, 0.5f), ga(100, 0.1f);
-  std::vector<bf16> b(100, bf16(0.5f)), gb(100, bf16(0.1f));
+  // 0.5 and 0.125 are exact in bf16, so both parameters see identical inputs.
+  std::vector<float> a(100, 0.5f), ga(100, 0.125f);
+  std::vector<bf16> b(100, bf16(0.5f)), gb(100, bf16(0.125f));
   std::vector<Any> params{HostParam<float>{a, ga}, HostParam<bf16>{b, gb}};
   CpuOptimizer opt(params, Adam{.lr = 0.01}, {.subgroup_elements = 150, .threads = 2});
   for (int t = 0; t < 3; ++t) opt.step();
@@ -272,6 +284,7 @@ TEST_CASE("write_state and read_state round-trip, for resuming from a checkpoint
   opt.set_step_count(100);
   CHECK(opt.step_count() == 100);
   CHECK_THROWS_AS(opt.set_step_count(-1), std::invalid_argument);
+  CHECK_THROWS_AS(opt.set_step_count(std::numeric_limits<std::int64_t>::max()), std::invalid_argument);
 }
 
 TEST_CASE("moments start at exactly zero (trap 5.4)") {

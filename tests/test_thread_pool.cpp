@@ -4,6 +4,7 @@
 #include <dos/cpu/thread_pool.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -39,7 +40,8 @@ TEST_CASE("work really spreads over several threads") {
     while (now > seen && !max_inside.compare_exchange_weak(seen, now)) {
     }
     // Wait (bounded) for the other thread to arrive, so both are inside together.
-    for (int spin = 0; spin < 2000 && max_inside.load() < 2; ++spin) std::this_thread::yield();
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (max_inside.load() < 2 && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
     --inside;
   };
   pool.parallel_for(2, body);

@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <ranges>
 #include <span>
@@ -140,7 +141,8 @@ class InterleavedOptimizer {
   std::int64_t step_count() const noexcept { return step_; }
   /// @brief Sets the step count, for resuming from a checkpoint.
   void set_step_count(std::int64_t t) {
-    if (t < 0) throw_invalid_argument("step count must be >= 0, got {}", t);
+    if (t < 0 || t == std::numeric_limits<std::int64_t>::max())
+      throw_invalid_argument("step count must be in [0, {}), got {}", std::numeric_limits<std::int64_t>::max(), t);
     step_ = t;
   }
 
@@ -255,6 +257,17 @@ class InterleavedOptimizer {
                              dtype_size(v.dtype), dtype_name(v.dtype));
   }
 
+  // The value view still matches what the optimizer was built with.
+  void check_unchanged(std::size_t i, const TensorView& v) const {
+    check_value(i, v);
+    if (v.numel != params_[i].numel)
+      throw_invalid_argument("parameter {}: value has {} elements, but had {} when the optimizer was built", i,
+                             v.numel, params_[i].numel);
+    if (v.dtype != params_[i].dtype)
+      throw_invalid_argument("parameter {}: value is {}, but was {} when the optimizer was built", i,
+                             dtype_name(v.dtype), dtype_name(params_[i].dtype));
+  }
+
   void build() {
     const std::size_t n = source_->size();
     params_.resize(n);
@@ -318,6 +331,7 @@ class InterleavedOptimizer {
       work_[k].coefficients = &coefficients_[subgroup_group_[segment_refs_[k].subgroup]];
     grad_dtypes_.resize(work_.size());
     chunk_flags_.resize(chunks_.size());
+    param_flags_.resize(n);
   }
 
   static float load_value(const TensorView& v, std::size_t e) {
@@ -343,13 +357,7 @@ class InterleavedOptimizer {
     for (std::size_t i = 0; i < n; ++i) {
       const TensorView v = source_->value(i);
       const ConstTensorView g = source_->grad(i);
-      check_value(i, v);
-      if (v.numel != params_[i].numel)
-        throw_invalid_argument("parameter {}: value has {} elements, but had {} when the optimizer was built", i,
-                               v.numel, params_[i].numel);
-      if (v.dtype != params_[i].dtype)
-        throw_invalid_argument("parameter {}: value is {}, but was {} when the optimizer was built", i,
-                               dtype_name(v.dtype), dtype_name(params_[i].dtype));
+      check_unchanged(i, v);
       if (g.numel != v.numel)
         throw_invalid_argument("parameter {}: gradient has {} elements, but the value has {}", i, g.numel, v.numel);
       if (g.device != Device::host)
@@ -377,14 +385,14 @@ class InterleavedOptimizer {
 
   std::size_t count_nonfinite(StepReport& report) {
     backend_.cpu().scan_nonfinite(chunks_, work_, grad_dtypes_, chunk_flags_);
-    std::size_t last = StepReport::none;
-    for (std::size_t c = 0; c < chunks_.size(); ++c) {
-      if (chunk_flags_[c] == 0) continue;
-      const std::size_t param = segment_refs_[chunks_[c].segment].segment->tensor;
-      if (param != last) ++report.nonfinite_params;  // a parameter's chunks are adjacent
-      last = param;
-      report.first_nonfinite_param = std::min(report.first_nonfinite_param, param);
-    }
+    std::fill(param_flags_.begin(), param_flags_.end(), std::uint8_t{0});
+    for (std::size_t c = 0; c < chunks_.size(); ++c)
+      if (chunk_flags_[c] != 0) param_flags_[segment_refs_[chunks_[c].segment].segment->tensor] = 1;
+    for (std::size_t p = 0; p < param_flags_.size(); ++p)
+      if (param_flags_[p] != 0) {
+        ++report.nonfinite_params;
+        report.first_nonfinite_param = std::min(report.first_nonfinite_param, p);
+      }
     return report.nonfinite_params;
   }
 
@@ -399,6 +407,7 @@ class InterleavedOptimizer {
     if (kind == StateKind::max_exp_avg_sq && !groups_[param_group_[param]].amsgrad)
       throw_invalid_argument("parameter {}: its group does not use amsgrad, so it has no max_exp_avg_sq", param);
     const TensorView v = source_->value(param);
+    check_unchanged(param, v);
     for (std::size_t k = 0; k < segment_refs_.size(); ++k) {
       const Segment& seg = *segment_refs_[k].segment;
       if (seg.tensor != param) continue;
@@ -430,6 +439,7 @@ class InterleavedOptimizer {
   std::vector<AdamCoefficients<float>> coefficients_;
   std::vector<DType> grad_dtypes_;
   std::vector<std::uint8_t> chunk_flags_;
+  std::vector<std::uint8_t> param_flags_;
   std::size_t total_elements_ = 0;
   std::int64_t step_ = 0;
 };

@@ -103,7 +103,7 @@ class CpuAdamExecutor {
   /// @brief Updates every chunk. Blocks until done.
   void run(std::span<const Chunk> chunks, std::span<const SegmentWork> segments) {
     auto body = [&](std::size_t i) {
-      const detail::DefaultFloatEnvironment fenv;
+      [[maybe_unused]] const detail::DefaultFloatEnvironment fenv;
       const Chunk& c = chunks[i];
       const SegmentWork& s = segments[c.segment];
       s.kernel(s.args, c.begin, c.end, *s.coefficients);

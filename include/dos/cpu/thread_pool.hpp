@@ -44,18 +44,16 @@ class ThreadPool {
   ///        `available_threads()`.
   explicit ThreadPool(unsigned threads = 0) : size_(threads == 0 ? available_threads() : threads) {
     workers_.reserve(size_ - 1);
-    for (unsigned i = 1; i < size_; ++i) workers_.emplace_back([this] { worker_loop(); });
+    try {
+      for (unsigned i = 1; i < size_; ++i) workers_.emplace_back([this] { worker_loop(); });
+    } catch (...) {  // e.g. a container's thread limit: stop what started, then report
+      shutdown();
+      throw;
+    }
   }
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
-  ~ThreadPool() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    for (auto& t : workers_) t.join();
-  }
+  ~ThreadPool() { shutdown(); }
 
   /// @brief Number of threads that run a loop, the caller included.
   unsigned size() const noexcept { return size_; }
@@ -86,6 +84,15 @@ class ThreadPool {
   }
 
  private:
+  void shutdown() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+
   void drain() {
     for (std::size_t i = next_.fetch_add(1, std::memory_order_relaxed); i < count_;
          i = next_.fetch_add(1, std::memory_order_relaxed))

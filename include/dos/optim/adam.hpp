@@ -9,6 +9,7 @@
 #include "dos/config.hpp"
 #include "dos/error.hpp"
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <string_view>
@@ -64,15 +65,24 @@ struct AdamConfig {
 /// @param where prefix for the message, for example "parameter group 2: ".
 /// @throws std::invalid_argument for lr < 0, betas outside [0, 1), eps <= 0,
 ///         weight_decay < 0, any non-finite value, or an AdamW decay factor below 0.
+namespace detail {
+/// Finite test on the exponent bits: `std::isfinite` folds to true under the
+/// consumer's -ffinite-math-only, which would let a NaN learning rate through.
+inline bool finite_bits(double x) noexcept {
+  return (std::bit_cast<std::uint64_t>(x) & 0x7FF0000000000000ull) != 0x7FF0000000000000ull;
+}
+}  // namespace detail
+
 inline void validate(const AdamConfig& c, std::string_view where = {}) {
-  if (!std::isfinite(c.lr) || c.lr < 0) throw_invalid_argument("{}lr must be finite and >= 0, got {}", where, c.lr);
-  if (!std::isfinite(c.beta1) || c.beta1 < 0 || c.beta1 >= 1)
+  using detail::finite_bits;
+  if (!finite_bits(c.lr) || c.lr < 0) throw_invalid_argument("{}lr must be finite and >= 0, got {}", where, c.lr);
+  if (!finite_bits(c.beta1) || c.beta1 < 0 || c.beta1 >= 1)
     throw_invalid_argument("{}beta1 must be in [0, 1), got {}", where, c.beta1);
-  if (!std::isfinite(c.beta2) || c.beta2 < 0 || c.beta2 >= 1)
+  if (!finite_bits(c.beta2) || c.beta2 < 0 || c.beta2 >= 1)
     throw_invalid_argument("{}beta2 must be in [0, 1), got {}", where, c.beta2);
-  if (!std::isfinite(c.eps) || c.eps <= 0)
+  if (!finite_bits(c.eps) || c.eps <= 0)
     throw_invalid_argument("{}eps must be finite and > 0, got {}", where, c.eps);
-  if (!std::isfinite(c.weight_decay) || c.weight_decay < 0)
+  if (!finite_bits(c.weight_decay) || c.weight_decay < 0)
     throw_invalid_argument("{}weight_decay must be finite and >= 0, got {}", where, c.weight_decay);
   if (c.decoupled_weight_decay && c.lr * c.weight_decay > 1)
     throw_invalid_argument("{}lr * weight_decay must be <= 1 for AdamW (it scales the parameter by 1 - lr * wd), "

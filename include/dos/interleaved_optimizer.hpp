@@ -366,10 +366,9 @@ class InterleavedOptimizer {
       if (detail::misaligned(g.data, g.dtype))
         throw_invalid_argument("parameter {}: gradient pointer {} is not aligned to {} bytes for {}", i, g.data,
                                dtype_size(g.dtype), dtype_name(g.dtype));
-    }
-    for (std::size_t i = 0; i < n; ++i) {
-      values_[i] = source_->value(i);
-      grads_[i] = source_->grad(i);
+      // Scratch only: the segment table below is not touched until every view passed.
+      values_[i] = v;
+      grads_[i] = g;
     }
     for (std::size_t k = 0; k < work_.size(); ++k) {
       const Segment& seg = *segment_refs_[k].segment;

@@ -28,7 +28,7 @@ TEST_CASE("defaults are torch's") {
 TEST_CASE("invalid hyperparameters are rejected with the field and value named") {
   const auto message = [](dos::AdamConfig c) {
     try {
-      dos::validate(c, "group 3: ");
+      dos::validate(c, 3);
     } catch (const std::invalid_argument& e) {
       return std::string(e.what());
     }
@@ -36,7 +36,7 @@ TEST_CASE("invalid hyperparameters are rejected with the field and value named")
   };
   dos::AdamW ok;
   CHECK(message(ok) == "accepted");
-  CHECK(message(dos::AdamW{.lr = -1}).find("group 3: lr must be finite and >= 0, got -1") != std::string::npos);
+  CHECK(message(dos::AdamW{.lr = -1}).find("dos: parameter group 3: lr must be finite and >= 0, got -1") != std::string::npos);
   CHECK(message(dos::AdamW{.lr = NAN}).find("lr") != std::string::npos);
   CHECK(message(dos::AdamW{.beta1 = 1.0}).find("beta1 must be in [0, 1), got 1") != std::string::npos);
   CHECK(message(dos::AdamW{.beta1 = -0.1}).find("beta1") != std::string::npos);

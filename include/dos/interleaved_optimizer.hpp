@@ -99,7 +99,7 @@ class InterleavedOptimizer {
       : options_(options), partitioner_(options.subgroup_elements), backend_(options) {
     std::vector<P> flat;
     for (std::size_t g = 0; g < groups.size(); ++g) {
-      validate_group(groups[g].hyper, g);
+      validate(groups[g].hyper, g);
       for (auto& p : groups[g].params) {
         flat.push_back(std::move(p));
         param_group_.push_back(static_cast<std::uint32_t>(g));
@@ -164,7 +164,7 @@ class InterleavedOptimizer {
   ///         of amsgrad.
   void set_hyperparameters(std::size_t group, const AdamConfig& c) {
     checked_group(group);
-    validate_group(c, group);
+    validate(c, group);
     if (c.amsgrad != groups_[group].amsgrad)
       throw_invalid_argument("parameter group {}: amsgrad cannot change after construction", group);
     groups_[group] = c;
@@ -224,19 +224,6 @@ class InterleavedOptimizer {
     std::vector<ParamGroup<std::ranges::range_value_t<R>>> out;
     out.push_back(std::move(g));
     return out;
-  }
-
-  // Formats the group into the message only on failure: schedulers call set_lr every
-  // step, and a valid call must not allocate.
-  static void validate_group(const AdamConfig& c, std::size_t g) {
-    try {
-      validate(c);
-    } catch (const std::invalid_argument& e) {
-      constexpr std::string_view prefix = "dos: ";
-      std::string_view what = e.what();
-      if (what.starts_with(prefix)) what.remove_prefix(prefix.size());
-      throw_invalid_argument("parameter group {}: {}", g, what);
-    }
   }
 
   std::size_t checked_group(std::size_t g) const {
@@ -329,7 +316,6 @@ class InterleavedOptimizer {
     coefficients_.resize(groups_.size());
     for (std::size_t k = 0; k < work_.size(); ++k)
       work_[k].coefficients = &coefficients_[subgroup_group_[segment_refs_[k].subgroup]];
-    grad_dtypes_.resize(work_.size());
     chunk_flags_.resize(chunks_.size());
     param_flags_.resize(n);
   }
@@ -378,12 +364,12 @@ class InterleavedOptimizer {
       w.args.param = static_cast<std::byte*>(v.data) + seg.tensor_offset * dtype_size(v.dtype);
       w.args.grad = static_cast<const std::byte*>(g.data) + seg.tensor_offset * dtype_size(g.dtype);
       w.kernel = backend_.cpu().kernel(v.dtype, g.dtype, groups_[subgroup_group_[segment_refs_[k].subgroup]].amsgrad);
-      grad_dtypes_[k] = g.dtype;
+      w.grad_dtype = g.dtype;
     }
   }
 
   std::size_t count_nonfinite(StepReport& report) {
-    backend_.cpu().scan_nonfinite(chunks_, work_, grad_dtypes_, chunk_flags_);
+    backend_.cpu().scan_nonfinite(chunks_, work_, chunk_flags_);
     std::fill(param_flags_.begin(), param_flags_.end(), std::uint8_t{0});
     for (std::size_t c = 0; c < chunks_.size(); ++c)
       if (chunk_flags_[c] != 0) param_flags_[segment_refs_[chunks_[c].segment].segment->tensor] = 1;
@@ -436,7 +422,6 @@ class InterleavedOptimizer {
   std::vector<cpu::SegmentWork> work_;
   std::vector<cpu::Chunk> chunks_;
   std::vector<AdamCoefficients<float>> coefficients_;
-  std::vector<DType> grad_dtypes_;
   std::vector<std::uint8_t> chunk_flags_;
   std::vector<std::uint8_t> param_flags_;
   std::size_t total_elements_ = 0;

@@ -7,7 +7,7 @@
 #include "dos/cpu/cpu_adam.hpp"
 #include "dos/cpu/thread_pool.hpp"
 
-#include <chrono>
+#include <algorithm>
 #include <cstddef>
 #include <span>
 

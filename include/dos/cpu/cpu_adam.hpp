@@ -27,6 +27,7 @@ namespace dos::cpu {
 /// @brief One segment as the executor sees it at one step.
 struct SegmentWork {
   SegmentArgs args;
+  DType grad_dtype = DType::f32;
   RangeKernel kernel = nullptr;
   const AdamCoefficients<float>* coefficients = nullptr;
 };
@@ -113,10 +114,11 @@ class CpuAdamExecutor {
 
   /// @brief Scans gradients for inf/NaN; `found[i]` is set for chunk i.
   void scan_nonfinite(std::span<const Chunk> chunks, std::span<const SegmentWork> segments,
-                      std::span<const DType> grad_dtypes, std::span<std::uint8_t> found) {
+                      std::span<std::uint8_t> found) {
     auto body = [&](std::size_t i) {
       const Chunk& c = chunks[i];
-      found[i] = any_nonfinite(segments[c.segment].args.grad, grad_dtypes[c.segment], c.begin, c.end) ? 1 : 0;
+      const SegmentWork& s = segments[c.segment];
+      found[i] = any_nonfinite(s.args.grad, s.grad_dtype, c.begin, c.end) ? 1 : 0;
     };
     pool_.parallel_for(chunks.size(), body);
   }

@@ -12,6 +12,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 namespace dos {
@@ -61,10 +62,6 @@ struct AdamConfig {
         amsgrad(a.amsgrad), maximize(a.maximize), decoupled_weight_decay(true) {}
 };
 
-/// @brief Throws `std::invalid_argument` naming the first invalid field and its value.
-/// @param where prefix for the message, for example "parameter group 2: ".
-/// @throws std::invalid_argument for lr < 0, betas outside [0, 1), eps <= 0,
-///         weight_decay < 0, any non-finite value, or an AdamW decay factor below 0.
 namespace detail {
 /// Finite test on the exponent bits: `std::isfinite` folds to true under the
 /// consumer's -ffinite-math-only, which would let a NaN learning rate through.
@@ -73,20 +70,26 @@ inline bool finite_bits(double x) noexcept {
 }
 }  // namespace detail
 
-inline void validate(const AdamConfig& c, std::string_view where = {}) {
+/// @brief Throws `std::invalid_argument` naming the first invalid field and its value.
+/// @param group the parameter group, named in the message when given. The message is
+///        formatted only on failure, so a valid call never allocates (schedulers
+///        validate every step).
+/// @throws std::invalid_argument for lr < 0, betas outside [0, 1), eps <= 0,
+///         weight_decay < 0, any non-finite value, or an AdamW decay factor below 0.
+inline void validate(const AdamConfig& c, std::optional<std::size_t> group = std::nullopt) {
+  const auto require = [&](bool ok, std::string_view field, std::string_view rule, double value) {
+    if (ok) return;
+    if (group) throw_invalid_argument("parameter group {}: {} must be {}, got {}", *group, field, rule, value);
+    throw_invalid_argument("{} must be {}, got {}", field, rule, value);
+  };
   using detail::finite_bits;
-  if (!finite_bits(c.lr) || c.lr < 0) throw_invalid_argument("{}lr must be finite and >= 0, got {}", where, c.lr);
-  if (!finite_bits(c.beta1) || c.beta1 < 0 || c.beta1 >= 1)
-    throw_invalid_argument("{}beta1 must be in [0, 1), got {}", where, c.beta1);
-  if (!finite_bits(c.beta2) || c.beta2 < 0 || c.beta2 >= 1)
-    throw_invalid_argument("{}beta2 must be in [0, 1), got {}", where, c.beta2);
-  if (!finite_bits(c.eps) || c.eps <= 0)
-    throw_invalid_argument("{}eps must be finite and > 0, got {}", where, c.eps);
-  if (!finite_bits(c.weight_decay) || c.weight_decay < 0)
-    throw_invalid_argument("{}weight_decay must be finite and >= 0, got {}", where, c.weight_decay);
-  if (c.decoupled_weight_decay && c.lr * c.weight_decay > 1)
-    throw_invalid_argument("{}lr * weight_decay must be <= 1 for AdamW (it scales the parameter by 1 - lr * wd), "
-                           "got {} * {}", where, c.lr, c.weight_decay);
+  require(finite_bits(c.lr) && c.lr >= 0, "lr", "finite and >= 0", c.lr);
+  require(finite_bits(c.beta1) && c.beta1 >= 0 && c.beta1 < 1, "beta1", "in [0, 1)", c.beta1);
+  require(finite_bits(c.beta2) && c.beta2 >= 0 && c.beta2 < 1, "beta2", "in [0, 1)", c.beta2);
+  require(finite_bits(c.eps) && c.eps > 0, "eps", "finite and > 0", c.eps);
+  require(finite_bits(c.weight_decay) && c.weight_decay >= 0, "weight_decay", "finite and >= 0", c.weight_decay);
+  require(!c.decoupled_weight_decay || c.lr * c.weight_decay <= 1, "lr * weight_decay",
+          "<= 1 for AdamW (it scales the parameter by 1 - lr * wd)", c.lr * c.weight_decay);
 }
 
 /// @brief The scalars of one step, in the lane type `V` (float, or a SIMD vector

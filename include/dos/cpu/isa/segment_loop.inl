@@ -30,7 +30,12 @@ DOS_LOOP_FN void adam_range_impl(const ::dos::cpu::SegmentArgs& a, std::size_t b
   const ::dos::AdamCoefficients<Lane> c = broadcast_coefficients(k);
   std::size_t i = begin;
   for (; i + kWidth <= end; i += kWidth) {
-    Lane p = has_master ? load(a.master + i) : load(reinterpret_cast<const float*>(param) + i);
+    Lane p;
+    if constexpr (has_master) {
+      p = load(a.master + i);
+    } else {
+      p = load(param + i);
+    }
     Lane m = load(m_ + i);
     Lane v = load(v_ + i);
     Lane vmax = Amsgrad ? load(vmax_ + i) : v;

@@ -2,7 +2,8 @@
 # Sets up a fresh Debian 12 machine (run as root) and builds dos, then:
 #   bash cmake/dev.sh quickstart   runs the quickstart example (the main job)
 #   bash cmake/dev.sh test         runs every test: the optimised build, then the
-#                                  AddressSanitizer + UBSan build
+#                                  AddressSanitizer + UBSan build, then the engine's
+#                                  tests under ThreadSanitizer
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +32,9 @@ case "${1:-}" in
     cmake --preset asan
     cmake --build --preset asan -j "$jobs"
     ctest --preset asan
+    cmake --preset tsan
+    cmake --build --preset tsan -j "$jobs"
+    ctest --preset tsan
     ;;
   *)
     echo "usage: bash cmake/dev.sh quickstart|test" >&2

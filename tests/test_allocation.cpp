@@ -5,6 +5,7 @@
 #include "support/inputs.hpp"
 
 #include <doctest/doctest.h>
+#include <dos/backend/emulated_device.hpp>
 #include <dos/optimizer.hpp>
 
 #include <atomic>
@@ -42,6 +43,32 @@ TEST_CASE("step allocates nothing, from the first step on, with any policy") {
     const long before = allocations.load();
     for (int t = 0; t < 5; ++t) {
       opt.set_lr(0, 1e-3 / (t + 1));
+      CHECK(opt.step().applied);
+    }
+    CHECK(allocations.load() == before);
+  }
+}
+
+TEST_CASE("an interleaved step allocates nothing once warm, whatever the policy chooses") {
+  using Policy = dos::Policy;
+  for (const Policy& policy : {Policy{.kind = dos::PolicyKind::automatic_stride}, Policy{.kind = dos::PolicyKind::balanced},
+                               Policy{.kind = dos::PolicyKind::fixed_stride, .stride = 3},
+                               Policy{.kind = dos::PolicyKind::static_fraction, .fraction = 0.5}}) {
+    std::vector<float> a(100'000, 0.5f), ga(100'000, 0.1f);
+    std::vector<dos::bf16> b(30'000, dos::bf16(0.5f)), gb(30'000, dos::bf16(0.1f));
+    using Any = std::variant<dos::HostParam<float>, dos::HostParam<dos::bf16>>;
+    std::vector<Any> params{dos::HostParam<float>{a, ga}, dos::HostParam<dos::bf16>{b, gb}};
+    dos::Options o{.subgroup_elements = 10'000, .threads = 2};
+    o.interleave.policy = policy;
+    o.interleave.profile = dos::HardwareProfile{.cpu_rate = 1e9, .device_rate = 1e10, .h2d_bandwidth = 1e10,
+                                                .d2h_bandwidth = 1e10};
+    o.interleave.validate_plans = false;  // the validator allocates its report; it is a debugging aid
+    dos::InterleavedOptimizer<dos::EmulatedDeviceBackend> opt(params, dos::AdamW{.amsgrad = true}, o);
+    CAPTURE(dos::policy_name(policy.kind));
+    opt.step();  // the first step sizes the cost model's scratch
+    const long before = allocations.load();
+    for (int t = 0; t < 5; ++t) {
+      opt.set_staging_budget(t % 2 == 0 ? 1 : opt.staging_slot_bytes() * 2);  // falls back every other step
       CHECK(opt.step().applied);
     }
     CHECK(allocations.load() == before);

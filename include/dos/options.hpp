@@ -3,10 +3,14 @@
 /// @brief What a user chooses when building an optimizer, and what a step reports.
 
 #include "dos/cpu/simd.hpp"
+#include "dos/schedule/cost_model.hpp"
+#include "dos/schedule/policy.hpp"
 
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
+#include <string_view>
 
 namespace dos {
 
@@ -17,6 +21,26 @@ enum class NonFinitePolicy : std::uint8_t {
   /// Check every gradient first (one extra read of the gradients); if any element is
   /// non-finite, change nothing and report the step as skipped.
   skip_step,
+};
+
+/// @brief How a device backend splits the update. Ignored by `CpuBackend`.
+struct InterleaveOptions {
+  Policy policy{};
+  /// Device bytes for staging slots, allocated once at construction; 0 means what the
+  /// backend reports free then. `set_staging_budget` lowers it for later steps.
+  std::size_t staging_budget = 0;
+  /// Staging slots at most: 2 is double buffering; 0 lets the budget decide.
+  std::size_t staging_slots = 2;
+  /// The machine's profile; when absent, `calibrate()` measures it at construction.
+  std::optional<HardwareProfile> profile;
+  /// Refine the profile from every measured step.
+  bool refine = true;
+  /// Check every plan with `validate_plan` before running it.
+#ifdef NDEBUG
+  bool validate_plans = false;
+#else
+  bool validate_plans = true;
+#endif
 };
 
 /// @brief Construction options shared by every backend.
@@ -32,6 +56,8 @@ struct Options {
   SimdLevel simd = SimdLevel::automatic;
   /// Back large state blocks with transparent huge pages.
   bool huge_pages = true;
+  /// The CPU/device split, for device backends.
+  InterleaveOptions interleave{};
 };
 
 /// @brief What one call to `step()` did.
@@ -44,6 +70,15 @@ struct StepReport {
   std::size_t nonfinite_params = 0;  ///< parameters with a non-finite gradient (skip_step only)
   std::size_t first_nonfinite_param = none;
   double seconds = 0;                ///< wall time of the call
+
+  // Device backends only:
+  std::string_view policy;           ///< the assignment policy in use
+  std::uint32_t stride = 0;          ///< k of the executed plan; 0 when not a stride
+  std::size_t device_subgroups = 0;  ///< subgroups updated on the device
+  std::size_t bytes_moved = 0;       ///< bytes across the link, both directions
+  double predicted_seconds = 0;      ///< the cost model's prediction for the plan
+  double update_seconds = 0;         ///< measured time of the plan's execution
+  std::string_view fallback;         ///< why the step fell back to the CPU, if it did
 };
 
 }  // namespace dos

@@ -11,7 +11,9 @@ namespace dos {
 /// @brief The all-CPU backend: no device, one CPU executor.
 class CpuBackend {
  public:
-  explicit CpuBackend(const Options& options) : cpu_(options.threads, options.simd) {}
+  struct Config {};  ///< nothing to configure
+
+  explicit CpuBackend(const Options& options, const Config& = {}) : cpu_(options.threads, options.simd) {}
 
   /// @brief The executor that runs CPU-scheduled subgroups.
   cpu::CpuAdamExecutor& cpu() noexcept { return cpu_; }

@@ -14,7 +14,7 @@ namespace dos::cpu {
 struct SegmentArgs {
   void* param = nullptr;        ///< the framework's values, in place (float, bf16 or fp16)
   const void* grad = nullptr;   ///< the framework's gradient (float, bf16 or fp16)
-  float* master = nullptr;      ///< fp32 master copy; null when the values are fp32
+  float* master = nullptr;      ///< fp32 master; null when fp32 values are the master themselves
   float* exp_avg = nullptr;     ///< m
   float* exp_avg_sq = nullptr;  ///< v
   float* max_exp_avg_sq = nullptr;  ///< vmax; null without amsgrad

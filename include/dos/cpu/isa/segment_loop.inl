@@ -17,10 +17,14 @@ DOS_STEP_FN ::dos::AdamCoefficients<Lane> broadcast_coefficients(const ::dos::Ad
 // Stream: write the 16-bit copy with non-temporal stores. Nothing reads it during the
 // update, so streaming saves the read-for-ownership of every line: 2 B per element,
 // which puts a bf16 update at the same 28 B per element as an fp32 one.
-template <class P, class G, bool Amsgrad, bool Stream>
+//
+// HasMaster: p is read from and written to the fp32 master, and the value array only
+// receives a copy. Always the case for 16-bit values; for fp32 values only when the
+// value is a mirror of a parameter that lives on a device.
+template <class P, class G, bool Amsgrad, bool Stream, bool HasMaster>
 DOS_LOOP_FN void adam_range_impl(const ::dos::cpu::SegmentArgs& a, std::size_t begin, std::size_t end,
                                  const ::dos::AdamCoefficients<float>& k) {
-  constexpr bool has_master = !std::is_same_v<P, float>;
+  constexpr bool has_master = HasMaster;
   auto* const param = static_cast<P*>(a.param);
   const auto* const grad = static_cast<const G*>(a.grad);
   float* const m_ = a.exp_avg;
@@ -65,10 +69,14 @@ DOS_LOOP_FN void adam_range(const ::dos::cpu::SegmentArgs& a, std::size_t begin,
                             const ::dos::AdamCoefficients<float>& k) {
   if constexpr (!std::is_same_v<P, float>) {
     if (reinterpret_cast<std::uintptr_t>(static_cast<P*>(a.param) + begin) % kStreamAlignment == 0) {
-      adam_range_impl<P, G, Amsgrad, true>(a, begin, end, k);
+      adam_range_impl<P, G, Amsgrad, true, true>(a, begin, end, k);
       stream_fence();
       return;
     }
+    adam_range_impl<P, G, Amsgrad, false, true>(a, begin, end, k);
+  } else if (a.master != nullptr) {
+    adam_range_impl<P, G, Amsgrad, false, true>(a, begin, end, k);
+  } else {
+    adam_range_impl<P, G, Amsgrad, false, false>(a, begin, end, k);
   }
-  adam_range_impl<P, G, Amsgrad, false>(a, begin, end, k);
 }

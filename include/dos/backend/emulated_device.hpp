@@ -1,0 +1,364 @@
+#pragma once
+/// @file
+/// @brief `EmulatedDeviceBackend`: a device made of host threads, for machines without
+///        a GPU. It runs the whole interleaved engine with CUDA's semantics, and it is
+///        built to expose ordering bugs rather than hide them:
+///  - device memory is a separate host allocation, never aliasing host state, filled
+///    with NaN when allocated and again when `discard`ed, so reading a slot before it
+///    is filled or after it is released gives NaN results;
+///  - pinned memory comes back filled with NaN too (cudaHostAlloc does not zero), so
+///    state that is not explicitly zeroed shows up;
+///  - each stream is one worker thread running its queue in order; an operation's
+///    reads and writes happen when it completes, after its throttled duration, so a
+///    consumer that does not wait for it sees stale or poisoned data;
+///  - copies can be throttled to a bandwidth (h2d and param pushes share one link;
+///    a half-duplex link is shared by both directions), and Adam launches to a rate.
+/// The device Adam is the scalar CPU kernel: the same one step as every executor.
+
+#include "dos/backend/device_backend.hpp"
+#include "dos/cpu/cpu_adam.hpp"
+#include "dos/cpu/simd.hpp"
+#include "dos/options.hpp"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <thread>
+
+namespace dos {
+
+/// @brief How fast the emulated device is. Zero means "as fast as the host can go".
+struct EmulatedDeviceConfig {
+  double h2d_bandwidth = 0;   ///< bytes/s host to device
+  double d2h_bandwidth = 0;   ///< bytes/s device to host
+  bool duplex = true;         ///< false: both directions share one link
+  double device_rate = 0;     ///< Adam parameters/s on the device
+  std::size_t memory_bytes = std::size_t{16} << 30;  ///< device memory capacity
+  std::size_t reserve_bytes = 0;  ///< kept out of `staging_bytes_available()`
+};
+
+namespace emulated {
+
+using Clock = std::chrono::steady_clock;
+
+/// Bytes every fresh or discarded allocation is filled with: NaN as float, bf16 and fp16.
+inline constexpr unsigned char poison_byte = 0xFF;
+
+/// @brief Device memory: host allocations with a capacity and NaN poisoning.
+class DeviceMemory {
+ public:
+  DeviceMemory() = default;
+  explicit DeviceMemory(std::size_t capacity) : state_(std::make_shared<State>()) { state_->capacity = capacity; }
+
+  void* allocate(std::size_t bytes, std::size_t alignment) const {
+    const std::size_t used = state_->used.fetch_add(bytes) + bytes;
+    if (used > state_->capacity) {
+      state_->used.fetch_sub(bytes);
+      throw std::bad_alloc();
+    }
+    void* p = HostResource{}.allocate(bytes, std::max<std::size_t>(alignment, 64));
+    std::memset(p, poison_byte, bytes);
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) const noexcept {
+    if (state_ != nullptr) state_->used.fetch_sub(bytes);  // a default handle owns nothing
+    HostResource{}.deallocate(p, bytes, alignment);
+  }
+  std::size_t used() const noexcept { return state_->used.load(); }
+  std::size_t capacity() const noexcept { return state_->capacity; }
+
+ private:
+  struct State {
+    std::size_t capacity = 0;
+    std::atomic<std::size_t> used{0};
+  };
+  std::shared_ptr<State> state_;
+};
+
+/// @brief Pinned host memory: aligned host memory that arrives poisoned, as
+///        cudaHostAlloc's arrives uninitialised.
+struct PinnedMemory {
+  bool huge_pages = false;
+  void* allocate(std::size_t bytes, std::size_t alignment) const {
+    void* p = HostResource{huge_pages}.allocate(bytes, alignment);
+    std::memset(p, poison_byte, bytes);
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) const noexcept {
+    HostResource{huge_pages}.deallocate(p, bytes, alignment);
+  }
+};
+
+/// @brief A CUDA-like event: `record` bumps the generation, the stream completes it.
+struct EventState {
+  std::mutex mutex;
+  std::condition_variable completed_cv;
+  std::uint64_t recorded = 0;   // generation of the latest record() (host side)
+  std::uint64_t completed = 0;  // latest generation a stream reached
+  Clock::time_point time{};     // when `completed` was reached
+
+  void wait_for(std::uint64_t generation) {
+    std::unique_lock lock(mutex);
+    completed_cv.wait(lock, [&] { return completed >= generation; });
+  }
+};
+
+/// @brief Serialises transfers that share a link, in time.
+struct Link {
+  std::mutex mutex;
+  Clock::time_point free{};
+  Clock::time_point reserve(double seconds) {
+    std::lock_guard lock(mutex);
+    const auto now = Clock::now();
+    const auto start = std::max(now, free);
+    free = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    return free;
+  }
+};
+
+struct Task {
+  enum class Kind : std::uint8_t { copy, adam, discard, record, wait } kind = Kind::copy;
+  void* dst = nullptr;
+  const void* src = nullptr;
+  std::size_t bytes = 0;
+  Link* link = nullptr;
+  double bandwidth = 0;
+  const DeviceSegment* segments = nullptr;
+  std::size_t count = 0;
+  EventState* event = nullptr;
+  std::uint64_t generation = 0;
+};
+
+/// @brief One stream: a worker thread draining a fixed ring of tasks in order.
+class Worker {
+ public:
+  static constexpr std::size_t capacity = 4096;
+
+  Worker(double device_rate) : device_rate_(device_rate), thread_([this] { run(); }) {}
+  ~Worker() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  void push(const Task& t) {
+    {
+      std::unique_lock lock(mutex_);
+      changed_.wait(lock, [&] { return issued_ - finished_ < capacity; });
+      ring_[issued_ % capacity] = t;
+      ++issued_;
+    }
+    changed_.notify_all();
+  }
+  void drain() {
+    std::unique_lock lock(mutex_);
+    const std::uint64_t target = issued_;
+    changed_.wait(lock, [&] { return finished_ >= target; });
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      Task t;
+      {
+        std::unique_lock lock(mutex_);
+        changed_.wait(lock, [&] { return stop_ || finished_ < issued_; });
+        if (finished_ == issued_) return;  // stopping, and nothing left
+        t = ring_[finished_ % capacity];
+      }
+      execute(t);
+      {
+        std::lock_guard lock(mutex_);
+        ++finished_;
+      }
+      changed_.notify_all();
+    }
+  }
+
+  void execute(const Task& t) {
+    using Kind = Task::Kind;
+    switch (t.kind) {
+      case Kind::copy:
+        // The bytes land when the transfer completes, not when it starts.
+        if (t.bandwidth > 0) std::this_thread::sleep_until(t.link->reserve(static_cast<double>(t.bytes) / t.bandwidth));
+        std::memcpy(t.dst, t.src, t.bytes);
+        break;
+      case Kind::discard: std::memset(t.dst, poison_byte, t.bytes); break;
+      case Kind::adam: {
+        if (device_rate_ > 0) {
+          std::size_t elements = 0;
+          for (std::size_t i = 0; i < t.count; ++i) elements += t.segments[i].count;
+          std::this_thread::sleep_for(std::chrono::duration<double>(static_cast<double>(elements) / device_rate_));
+        }
+        [[maybe_unused]] const cpu::detail::DefaultFloatEnvironment fenv;
+        for (std::size_t i = 0; i < t.count; ++i) {
+          const DeviceSegment& s = t.segments[i];
+          select_kernel(SimdLevel::scalar, s.value, s.grad, s.amsgrad)(s.args, 0, s.count, s.coefficients);
+        }
+        break;
+      }
+      case Kind::record: {
+        // Notify under the lock: once a waiter sees the completion it may destroy
+        // the event, so the event must not be touched after the lock is released.
+        std::lock_guard lock(t.event->mutex);
+        t.event->completed = std::max(t.event->completed, t.generation);
+        t.event->time = Clock::now();
+        t.event->completed_cv.notify_all();
+        break;
+      }
+      case Kind::wait: t.event->wait_for(t.generation); break;
+    }
+  }
+
+  double device_rate_;
+  std::array<Task, capacity> ring_{};
+  std::uint64_t issued_ = 0;
+  std::uint64_t finished_ = 0;
+  bool stop_ = false;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::thread thread_;  // last: starts after everything it uses exists
+};
+
+}  // namespace emulated
+
+/// @brief A device emulated by host threads, modelling `DeviceBackend`.
+/// @code
+/// dos::EmulatedDeviceBackend dev;                       // unthrottled, 16 GiB
+/// dos::EmulatedDeviceBackend pcie({.threads = 1}, {.h2d_bandwidth = 12e9, .d2h_bandwidth = 12e9});
+/// @endcode
+class EmulatedDeviceBackend {
+ public:
+  using Config = EmulatedDeviceConfig;
+
+  /// @brief An ordered queue; move-only.
+  class Stream {
+   public:
+    Stream() = default;
+    emulated::Worker* worker() const noexcept { return worker_.get(); }
+
+   private:
+    friend class EmulatedDeviceBackend;
+    explicit Stream(double rate) : worker_(std::make_unique<emulated::Worker>(rate)) {}
+    std::unique_ptr<emulated::Worker> worker_;
+  };
+  /// @brief A CUDA-like event; move-only.
+  class Event {
+   public:
+    Event() = default;
+
+   private:
+    friend class EmulatedDeviceBackend;
+    explicit Event(int) : state_(std::make_unique<emulated::EventState>()) {}
+    std::unique_ptr<emulated::EventState> state_;
+  };
+
+  explicit EmulatedDeviceBackend(const Options& options = {}, const Config& config = {})
+      : config_(config), cpu_(options.threads, options.simd), device_(config.memory_bytes),
+        pinned_{options.huge_pages} {}
+
+  cpu::CpuAdamExecutor& cpu() noexcept { return cpu_; }
+  const cpu::CpuAdamExecutor& cpu() const noexcept { return cpu_; }
+  emulated::DeviceMemory& device_memory() noexcept { return device_; }
+  emulated::PinnedMemory& pinned_memory() noexcept { return pinned_; }
+  const Config& config() const noexcept { return config_; }
+
+  Stream make_stream() const { return Stream(config_.device_rate); }
+  Event make_event() const { return Event(0); }
+
+  void copy_h2d(void* dst, const void* src, std::size_t bytes, Stream& s) {
+    push_copy(dst, src, bytes, h2d_link_, config_.h2d_bandwidth, s);
+  }
+  void copy_d2h(void* dst, const void* src, std::size_t bytes, Stream& s) {
+    push_copy(dst, src, bytes, config_.duplex ? d2h_link_ : h2d_link_, config_.d2h_bandwidth, s);
+  }
+  /// @brief Runs Adam over @p segments; the span must stay valid until it completes.
+  void launch_adam(std::span<const DeviceSegment> segments, Stream& s) {
+    emulated::Task t;
+    t.kind = emulated::Task::Kind::adam;
+    t.segments = segments.data();
+    t.count = segments.size();
+    s.worker()->push(t);
+  }
+  void discard(void* dst, std::size_t bytes, Stream& s) {
+    emulated::Task t;
+    t.kind = emulated::Task::Kind::discard;
+    t.dst = dst;
+    t.bytes = bytes;
+    s.worker()->push(t);
+  }
+  /// @brief The event completes when the stream reaches this point.
+  void record(Event& e, Stream& s) { push_event_task(emulated::Task::Kind::record, e, s); }
+  /// @brief The stream waits for the event's latest record.
+  void wait(Stream& s, Event& e) { push_event_task(emulated::Task::Kind::wait, e, s); }
+  void synchronize(Event& e) {
+    std::uint64_t g = 0;
+    {
+      std::lock_guard lock(e.state_->mutex);
+      g = e.state_->recorded;
+    }
+    e.state_->wait_for(g);
+  }
+  void synchronize(Stream& s) { s.worker()->drain(); }
+  /// @brief Seconds from @p from to @p to; both must have completed.
+  double elapsed(const Event& from, const Event& to) const {
+    const auto time = [](const Event& e) {
+      std::lock_guard lock(e.state_->mutex);
+      return e.state_->time;
+    };
+    return std::chrono::duration<double>(time(to) - time(from)).count();
+  }
+  std::size_t staging_bytes_available() const noexcept {
+    const std::size_t used = device_.used() + config_.reserve_bytes;
+    return used >= device_.capacity() ? 0 : device_.capacity() - used;
+  }
+  bool any_nonfinite(const void* device_data, DType dtype, std::size_t count) {
+    return cpu::any_nonfinite(device_data, dtype, 0, count);
+  }
+
+ private:
+  // record() starts a new generation; wait() captures the current one, as CUDA does.
+  static void push_event_task(emulated::Task::Kind kind, Event& e, Stream& s) {
+    emulated::Task t;
+    t.kind = kind;
+    t.event = e.state_.get();
+    {
+      std::lock_guard lock(t.event->mutex);
+      t.generation = kind == emulated::Task::Kind::record ? ++t.event->recorded : t.event->recorded;
+    }
+    s.worker()->push(t);
+  }
+  void push_copy(void* dst, const void* src, std::size_t bytes, emulated::Link& link, double bandwidth, Stream& s) {
+    emulated::Task t;
+    t.kind = emulated::Task::Kind::copy;
+    t.dst = dst;
+    t.src = src;
+    t.bytes = bytes;
+    t.link = &link;
+    t.bandwidth = bandwidth;
+    s.worker()->push(t);
+  }
+
+  Config config_;
+  cpu::CpuAdamExecutor cpu_;
+  emulated::DeviceMemory device_;
+  emulated::PinnedMemory pinned_;
+  emulated::Link h2d_link_;
+  emulated::Link d2h_link_;
+};
+static_assert(DeviceBackend<EmulatedDeviceBackend>);
+
+}  // namespace dos

@@ -1,0 +1,123 @@
+#pragma once
+/// @file
+/// @brief `calibrate(backend)`: measures a `HardwareProfile` in well under a second,
+///        with scratch buffers that are freed before it returns.
+///
+/// Each rate is the best of a few short repetitions (the least disturbed one):
+///  - CPU Adam on the backend's own executor and threads (fp32, 28 B/param);
+///  - host DRAM: the Adam-shaped probe on every thread this process may use;
+///  - pinned h2d and d2h bandwidth, each alone, then both at once to tell a duplex
+///    link from a shared one;
+///  - device Adam over a device-resident scratch block.
+
+#include "dos/backend/device_backend.hpp"
+#include "dos/cpu/bandwidth_probe.hpp"
+#include "dos/cpu/thread_pool.hpp"
+#include "dos/memory/device_buffer.hpp"
+#include "dos/schedule/cost_model.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <limits>
+#include <vector>
+
+namespace dos {
+
+/// @brief Sizes of the calibration runs.
+struct CalibrationSizes {
+  std::size_t cpu_elements = std::size_t{1} << 21;     ///< 56 MB of Adam traffic
+  std::size_t copy_bytes = std::size_t{32} << 20;      ///< per direction
+  std::size_t device_elements = std::size_t{1} << 20;
+  int repetitions = 3;
+};
+
+namespace detail {
+template <class F>
+double best_seconds(int repetitions, F&& f) {
+  double best = std::numeric_limits<double>::infinity();
+  for (int r = 0; r < repetitions; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return std::max(best, 1e-9);
+}
+}  // namespace detail
+
+/// @brief Measures the machine behind @p b.
+template <DeviceBackend B>
+HardwareProfile calibrate(B& b, const CalibrationSizes& sizes = {}) {
+  HardwareProfile p;
+  const std::size_t n = sizes.cpu_elements;
+
+  // CPU Adam, on the executor the optimizer will use.
+  HostBuffer<float> param(n), grad(n), m(n), v(n);
+  std::fill_n(grad.data(), n, 1e-3f);
+  cpu::SegmentWork work;
+  work.args = {param.data(), grad.data(), nullptr, m.data(), v.data(), nullptr};
+  work.kernel = b.cpu().kernel(DType::f32, DType::f32, false);
+  const AdamCoefficients<float> k = coefficients(Adam{}, 1);
+  work.coefficients = &k;
+  std::vector<cpu::Chunk> chunks;
+  cpu::append_chunks(chunks, 0, n);
+  b.cpu().run(chunks, {&work, 1});  // warm the pages
+  p.cpu_rate = static_cast<double>(n) / detail::best_seconds(sizes.repetitions, [&] { b.cpu().run(chunks, {&work, 1}); });
+
+  // Host DRAM, with every thread the process may use.
+  {
+    ThreadPool all(0);
+    p.host_bandwidth = adam_bytes_per_element * static_cast<double>(n) /
+                       detail::best_seconds(sizes.repetitions, [&] {
+                         adam_shaped_pass(all, param.span(), grad.span(), m.span(), v.span());
+                       });
+  }
+
+  // The link.
+  const std::size_t bytes = sizes.copy_bytes;
+  HostBuffer<std::byte, std::remove_cvref_t<decltype(b.pinned_memory())>> host_a(bytes, b.pinned_memory()),
+      host_b(bytes, b.pinned_memory());
+  DeviceBuffer<std::remove_cvref_t<decltype(b.device_memory())>> dev_a(bytes, b.device_memory()),
+      dev_b(bytes, b.device_memory());
+  auto up = b.make_stream();
+  auto down = b.make_stream();
+  const auto h2d = [&] {
+    b.copy_h2d(dev_a.data(), host_a.data(), bytes, up);
+    b.synchronize(up);
+  };
+  const auto d2h = [&] {
+    b.copy_d2h(host_b.data(), dev_b.data(), bytes, down);
+    b.synchronize(down);
+  };
+  h2d();
+  d2h();
+  const double t_up = detail::best_seconds(sizes.repetitions, h2d);
+  const double t_down = detail::best_seconds(sizes.repetitions, d2h);
+  p.h2d_bandwidth = static_cast<double>(bytes) / t_up;
+  p.d2h_bandwidth = static_cast<double>(bytes) / t_down;
+  const double t_both = detail::best_seconds(sizes.repetitions, [&] {
+    b.copy_h2d(dev_a.data(), host_a.data(), bytes, up);
+    b.copy_d2h(host_b.data(), dev_b.data(), bytes, down);
+    b.synchronize(up);
+    b.synchronize(down);
+  });
+  // Shared: both at once take about the sum; duplex: about the longer one.
+  p.duplex = t_both < 0.75 * (t_up + t_down);
+
+  // Device Adam over scratch that lives on the device.
+  const std::size_t d = std::min(sizes.device_elements, bytes / (4 * sizeof(float)));
+  auto* base = reinterpret_cast<float*>(dev_a.data());
+  DeviceSegment seg;
+  seg.args = {base, base + d, nullptr, base + 2 * d, base + 3 * d, nullptr};
+  seg.count = d;
+  seg.coefficients = k;
+  auto compute = b.make_stream();
+  const double t_adam = detail::best_seconds(sizes.repetitions, [&] {
+    b.launch_adam({&seg, 1}, compute);
+    b.synchronize(compute);
+  });
+  p.device_rate = static_cast<double>(d) / t_adam;
+  return p;
+}
+
+}  // namespace dos

@@ -1,0 +1,173 @@
+// The first-order cost model, the assignment policies and calibration: predictions
+// against closed forms, refinement toward measured rates, the automatic stride
+// against brute force, and a calibration that sees the emulated device's throttles.
+
+#include "support/inputs.hpp"
+
+#include <doctest/doctest.h>
+#include <dos/backend/emulated_device.hpp>
+#include <dos/schedule/calibrate.hpp>
+#include <dos/schedule/cost_model.hpp>
+#include <dos/schedule/policy.hpp>
+
+#include <cmath>
+#include <vector>
+
+using namespace dos;
+
+namespace {
+
+// Subgroups of n elements that stream 12 B/param each way, gradients on the device.
+std::vector<SubgroupShape> uniform(std::size_t count, std::size_t n) {
+  return std::vector<SubgroupShape>(count, SubgroupShape{.elements = n, .slot_bytes = 16 * n, .upload_bytes = 12 * n,
+                                                         .download_bytes = 12 * n, .cpu_bytes = 28 * n});
+}
+
+constexpr HardwareProfile profile{.cpu_rate = 1e9, .device_rate = 1e12, .h2d_bandwidth = 12e9,
+                                  .d2h_bandwidth = 12e9, .duplex = true, .host_bandwidth = 0};
+
+double predict_stride(const FirstOrderCostModel& m, const std::vector<SubgroupShape>& shapes, std::uint32_t k,
+                      std::size_t slots = 2) {
+  std::vector<Place> a;
+  if (k == 0) a.assign(shapes.size(), Place::cpu);
+  else stride_assignment(a, shapes.size(), k);
+  Plan p;
+  make_plan(p, shapes, a, {.budget = ~std::size_t{0}, .max_slots = slots}, k);
+  return m.predict(p);
+}
+
+}  // namespace
+
+TEST_CASE("all-CPU: the sum of subgroup sizes over the CPU rate") {
+  FirstOrderCostModel m(profile);
+  CHECK(predict_stride(m, uniform(10, 1'000'000), 0) == doctest::Approx(10e6 / 1e9));
+}
+
+TEST_CASE("one streamed subgroup: upload, update and download in sequence") {
+  FirstOrderCostModel m(profile);
+  const double n = 1e6;
+  CHECK(predict_stride(m, uniform(1, 1'000'000), 1) == doctest::Approx(12 * n / 12e9 + n / 1e12 + 12 * n / 12e9));
+}
+
+TEST_CASE("a duplex pipeline overlaps uploads with downloads; a shared link does not") {
+  HardwareProfile p = profile;
+  p.device_rate = 0;  // free updates: only the link counts
+  FirstOrderCostModel duplex(p);
+  const double u = 12e6 / 12e9;  // one subgroup's transfer each way
+  CHECK(predict_stride(duplex, uniform(8, 1'000'000), 1) == doctest::Approx(9 * u));
+  p.duplex = false;
+  FirstOrderCostModel shared(p);
+  CHECK(predict_stride(shared, uniform(8, 1'000'000), 1) == doctest::Approx(16 * u));
+}
+
+TEST_CASE("the host DRAM bound: CPU updates and DMA share host bandwidth") {
+  HardwareProfile p = profile;
+  p.host_bandwidth = 10e9;
+  FirstOrderCostModel m(p);
+  // k = 2 over 8 subgroups of 1M: 4M CPU params at 28 B, 4M streamed at 24 B.
+  const double bound = (4e6 * 28 + 4e6 * 24) / 10e9;
+  CHECK(predict_stride(m, uniform(8, 1'000'000), 2) == doctest::Approx(bound));
+}
+
+TEST_CASE("refinement moves each rate toward what its lane achieved") {
+  FirstOrderCostModel m(profile, 0.5);
+  StepTimeline t;
+  std::vector<Place> a;
+  stride_assignment(a, 4, 2);
+  make_plan(t.plan, uniform(4, 1'000'000), a, {.budget = ~std::size_t{0}, .max_slots = 2}, 2);
+  t.measured.resize(t.plan.ops.size());
+  for (std::size_t i = 0; i < t.plan.ops.size(); ++i) {
+    const Op& op = t.plan.ops[i];
+    const double seconds = 2 * m.duration(op);  // everything ran at half the modelled rate
+    t.measured[i] = {0, std::max(seconds, 1e-3)};
+  }
+  m.refine(t);
+  CHECK(m.profile().cpu_rate == doctest::Approx(0.75 * profile.cpu_rate));
+  CHECK(m.profile().h2d_bandwidth == doctest::Approx(0.75 * profile.h2d_bandwidth));
+  CHECK(m.profile().d2h_bandwidth == doctest::Approx(0.75 * profile.d2h_bandwidth));
+  // Too-short measurements are noise and do not move a rate.
+  FirstOrderCostModel quiet(profile);
+  for (auto& x : t.measured) x = {0, 1e-6};
+  quiet.refine(t);
+  CHECK(quiet.profile().cpu_rate == profile.cpu_rate);
+}
+
+TEST_CASE("the automatic stride is the best predicted k, or all-CPU") {
+  test::Rng rng(9);
+  for (int trial = 0; trial < 50; ++trial) {
+    HardwareProfile p = profile;
+    p.cpu_rate = 1e8 * (1 + static_cast<double>(rng.below(40)));
+    p.h2d_bandwidth = p.d2h_bandwidth = 1e9 * (1 + static_cast<double>(rng.below(40)));
+    const FirstOrderCostModel m(p);
+    const auto shapes = uniform(1 + rng.below(30), 1'000'000);
+    double best = predict_stride(m, shapes, 0);
+    for (std::uint32_t k = 1; k <= 8; ++k) best = std::min(best, predict_stride(m, shapes, k));
+    Plan plan, scratch;
+    std::vector<Place> a, resident(shapes.size(), Place::cpu);
+    const double chosen = choose_plan(plan, scratch, a, shapes, resident, Policy{.kind = PolicyKind::automatic_stride},
+                                      {.budget = ~std::size_t{0}, .max_slots = 2}, m);
+    CHECK(chosen == doctest::Approx(best));
+    CHECK(m.predict(plan) == doctest::Approx(chosen));
+  }
+}
+
+TEST_CASE("with CPU and device path equally fast, the automatic stride is 2 (k = 1 + R_c / R_g)") {
+  const FirstOrderCostModel m(profile);  // R_c = 1e9, R_g = 12e9 / 12 = 1e9
+  const auto shapes = uniform(64, 1'000'000);
+  Plan plan, scratch;
+  std::vector<Place> a, resident(shapes.size(), Place::cpu);
+  choose_plan(plan, scratch, a, shapes, resident, Policy{}, {.budget = ~std::size_t{0}, .max_slots = 2}, m);
+  CHECK(plan.stride == 2);
+}
+
+TEST_CASE("balanced assignment evens out uneven subgroups") {
+  std::vector<SubgroupShape> shapes;
+  test::Rng rng(3);
+  for (int i = 0; i < 20; ++i) {
+    const std::size_t n = 100'000 * (1 + rng.below(20));
+    shapes.push_back({.elements = n, .slot_bytes = 16 * n, .upload_bytes = 12 * n, .download_bytes = 12 * n,
+                      .cpu_bytes = 28 * n});
+  }
+  const FirstOrderCostModel m(profile);
+  Plan plan, scratch;
+  std::vector<Place> a, resident(shapes.size(), Place::cpu);
+  const double balanced = choose_plan(plan, scratch, a, shapes, resident, Policy{.kind = PolicyKind::balanced},
+                                      {.budget = ~std::size_t{0}, .max_slots = 2}, m);
+  CHECK(plan.device_subgroups() > 0);
+  CHECK(balanced < 0.75 * predict_stride(m, shapes, 0));
+  // A device path that is hopeless gets nothing.
+  HardwareProfile slow = profile;
+  slow.h2d_bandwidth = slow.d2h_bandwidth = 1;
+  choose_plan(plan, scratch, a, shapes, resident, Policy{.kind = PolicyKind::balanced},
+              {.budget = ~std::size_t{0}, .max_slots = 2}, FirstOrderCostModel(slow));
+  CHECK(plan.device_subgroups() == 0);
+}
+
+TEST_CASE("static fraction keeps its residents and runs the rest on the CPU") {
+  std::vector<Place> resident;
+  resident_assignment(resident, 10, 0.3);
+  CHECK(std::count(resident.begin(), resident.end(), Place::resident) == 3);
+  const auto shapes = uniform(10, 1000);
+  Plan plan, scratch;
+  std::vector<Place> a;
+  choose_plan(plan, scratch, a, shapes, resident, Policy{.kind = PolicyKind::static_fraction, .fraction = 0.3},
+              {.budget = 0, .max_slots = 2}, FirstOrderCostModel(profile));
+  CHECK(plan.device_subgroups() == 3);
+  CHECK(plan.slots == 0);
+}
+
+TEST_CASE("calibrate measures the emulated device's throttles and link") {
+  const CalibrationSizes small{.cpu_elements = 1 << 16, .copy_bytes = 2 << 20, .device_elements = 1 << 14,
+                               .repetitions = 2};
+  EmulatedDeviceBackend duplex({.threads = 1}, {.h2d_bandwidth = 100e6, .d2h_bandwidth = 50e6, .device_rate = 2e7});
+  const HardwareProfile p = calibrate(duplex, small);
+  CHECK(p.cpu_rate > 0);
+  CHECK(p.host_bandwidth > 0);
+  CHECK(p.h2d_bandwidth <= 100e6 * 1.01);  // a throttle is an upper bound
+  CHECK(p.d2h_bandwidth <= 50e6 * 1.01);
+  CHECK(p.h2d_bandwidth > p.d2h_bandwidth);
+  CHECK(p.device_rate <= 2e7 * 1.01);
+  CHECK(p.duplex);
+  EmulatedDeviceBackend shared({.threads = 1}, {.h2d_bandwidth = 100e6, .d2h_bandwidth = 100e6, .duplex = false});
+  CHECK_FALSE(calibrate(shared, small).duplex);
+}

@@ -1,0 +1,150 @@
+// EmulatedDeviceBackend: CUDA-like streams and events, throttled copies, poisoned
+// memory, and the property that matters most: it exposes ordering bugs.
+
+#include "support/inputs.hpp"
+
+#include <doctest/doctest.h>
+#include <dos/backend/emulated_device.hpp>
+#include <dos/memory/device_buffer.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+using namespace dos;
+using Clock = std::chrono::steady_clock;
+
+static_assert(DeviceBackend<EmulatedDeviceBackend>);
+
+TEST_CASE("constructible with defaults; reports its memory") {
+  EmulatedDeviceBackend b;
+  CHECK(b.staging_bytes_available() == b.config().memory_bytes);
+  DeviceBuffer<emulated::DeviceMemory> buf(1 << 20, b.device_memory());
+  CHECK(b.staging_bytes_available() == b.config().memory_bytes - (1 << 20));
+  EmulatedDeviceBackend small({}, {.memory_bytes = 1000, .reserve_bytes = 100});
+  CHECK(small.staging_bytes_available() == 900);
+  CHECK_THROWS_AS(DeviceBuffer<emulated::DeviceMemory>(2000, small.device_memory()), std::bad_alloc);
+}
+
+TEST_CASE("device memory arrives as NaN, and discard poisons it again") {
+  EmulatedDeviceBackend b;
+  DeviceBuffer<emulated::DeviceMemory> buf(256, b.device_memory());
+  float x = 0;
+  std::memcpy(&x, buf.data(), sizeof x);
+  CHECK(std::isnan(x));
+  std::vector<float> host(64, 1.5f), back(64, 0.0f);
+  auto s = b.make_stream();
+  b.copy_h2d(buf.data(), host.data(), 256, s);
+  b.copy_d2h(back.data(), buf.data(), 256, s);
+  b.discard(buf.data(), 256, s);
+  std::vector<float> after(64, 0.0f);
+  b.copy_d2h(after.data(), buf.data(), 256, s);
+  b.synchronize(s);
+  CHECK(back == host);
+  for (float v : after) CHECK(std::isnan(v));
+}
+
+TEST_CASE("a stream runs its queue in order") {
+  EmulatedDeviceBackend b;
+  DeviceBuffer<emulated::DeviceMemory> buf(4, b.device_memory());
+  auto s = b.make_stream();
+  std::vector<std::int32_t> values(100);
+  for (int i = 0; i < 100; ++i) values[i] = i;
+  std::int32_t out = -1;
+  for (int i = 0; i < 100; ++i) b.copy_h2d(buf.data(), &values[i], 4, s);
+  b.copy_d2h(&out, buf.data(), 4, s);
+  b.synchronize(s);
+  CHECK(out == 99);
+}
+
+TEST_CASE("events order one stream after another, and the host after a stream") {
+  // The upload is slow (throttled); without the event the reader sees poison.
+  EmulatedDeviceBackend b({}, {.h2d_bandwidth = 4e6});  // 40 KB take 10 ms
+  DeviceBuffer<emulated::DeviceMemory> buf(40'000, b.device_memory());
+  std::vector<float> host(10'000, 2.0f), ordered(10'000), racy(10'000);
+  auto up = b.make_stream(), down = b.make_stream();
+  auto uploaded = b.make_event();
+  b.copy_h2d(buf.data(), host.data(), 40'000, up);
+#if !defined(__SANITIZE_THREAD__)  // the race is deliberate; ThreadSanitizer rightly reports it
+  b.copy_d2h(racy.data(), buf.data(), 40'000, down);  // no wait: a stream race
+  b.synchronize(down);
+#else
+  racy[0] = std::numeric_limits<float>::quiet_NaN();
+#endif
+  b.record(uploaded, up);
+  b.wait(down, uploaded);
+  b.copy_d2h(ordered.data(), buf.data(), 40'000, down);
+  b.synchronize(uploaded);  // the host waits for the event
+  b.synchronize(down);
+  CHECK(ordered == host);
+  CHECK(std::isnan(racy[0]));  // the emulator made the race visible
+}
+
+TEST_CASE("events record the latest generation, as CUDA's do") {
+  EmulatedDeviceBackend b;
+  auto s = b.make_stream();
+  auto e = b.make_event(), f = b.make_event();
+  b.synchronize(e);  // never recorded: completes at once, as cudaEventSynchronize does
+  b.record(e, s);
+  b.record(f, s);
+  b.synchronize(f);
+  CHECK(b.elapsed(e, f) >= 0);
+  b.record(e, s);  // re-recorded: waits refer to the new record
+  b.synchronize(e);
+  CHECK(b.elapsed(f, e) >= 0);
+}
+
+TEST_CASE("throttled copies take at least bytes / bandwidth, and h2d shares its link with pushes") {
+  EmulatedDeviceBackend b({}, {.h2d_bandwidth = 1e7, .d2h_bandwidth = 1e7});
+  DeviceBuffer<emulated::DeviceMemory> d1(100'000, b.device_memory()), d2(100'000, b.device_memory());
+  std::vector<std::byte> h(100'000);
+  auto s1 = b.make_stream(), s2 = b.make_stream();
+  const auto t0 = Clock::now();
+  b.copy_h2d(d1.data(), h.data(), 100'000, s1);  // 10 ms each, on one link
+  b.copy_h2d(d2.data(), h.data(), 100'000, s2);
+  b.synchronize(s1);
+  b.synchronize(s2);
+  CHECK(std::chrono::duration<double>(Clock::now() - t0).count() >= 0.02);
+}
+
+TEST_CASE("the device Adam is the scalar CPU step, bit for bit") {
+  EmulatedDeviceBackend b;
+  constexpr std::size_t n = 1000;
+  std::vector<float> p(n), g(n), m(n, 0.0f), v(n, 0.0f);
+  test::Rng rng(5);
+  for (std::size_t i = 0; i < n; ++i) {
+    p[i] = rng.uniform(-1, 1);
+    g[i] = rng.uniform(-1, 1);
+  }
+  std::vector<float> cp = p, cm = m, cv = v;
+  DeviceBuffer<emulated::DeviceMemory> d(4 * n * 4, b.device_memory());
+  auto* base = reinterpret_cast<float*>(d.data());
+  auto s = b.make_stream();
+  for (auto [dst, src] : {std::pair{base, p.data()}, {base + n, g.data()}, {base + 2 * n, m.data()}, {base + 3 * n, v.data()}})
+    b.copy_h2d(dst, src, n * 4, s);
+  DeviceSegment seg;
+  seg.args = {base, base + n, nullptr, base + 2 * n, base + 3 * n, nullptr};
+  seg.count = n;
+  seg.coefficients = coefficients(AdamW{.lr = 1e-2}, 3);
+  b.launch_adam({&seg, 1}, s);
+  b.copy_d2h(p.data(), base, n * 4, s);
+  b.synchronize(s);
+  cpu::SegmentArgs a{cp.data(), g.data(), nullptr, cm.data(), cv.data(), nullptr};
+  select_kernel(SimdLevel::scalar, DType::f32, DType::f32, false)(a, 0, n, seg.coefficients);
+  CHECK(std::memcmp(p.data(), cp.data(), n * 4) == 0);
+}
+
+TEST_CASE("any_nonfinite scans device memory") {
+  EmulatedDeviceBackend b;
+  DeviceBuffer<emulated::DeviceMemory> d(64, b.device_memory());
+  std::vector<float> ok(16, 1.0f);
+  auto s = b.make_stream();
+  b.copy_h2d(d.data(), ok.data(), 64, s);
+  b.synchronize(s);
+  CHECK_FALSE(b.any_nonfinite(d.data(), DType::f32, 16));
+  ok[7] = std::numeric_limits<float>::infinity();
+  b.copy_h2d(d.data(), ok.data(), 64, s);
+  b.synchronize(s);
+  CHECK(b.any_nonfinite(d.data(), DType::f32, 16));
+}

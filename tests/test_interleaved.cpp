@@ -1,0 +1,390 @@
+// InterleavedOptimizer<EmulatedDeviceBackend>: bit-identical to the all-CPU backend
+// for every policy, stride, subgroup count and budget, with fp32/bf16/fp16 tensors on
+// the host and on the device; the traps of ALGORITHM.md section 5; budget fallback;
+// bad input; checkpoints of device and resident state.
+
+#include "support/mixed_model.hpp"
+
+#include <doctest/doctest.h>
+#include <dos/backend/emulated_device.hpp>
+#include <dos/optimizer.hpp>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace dos;
+using test::MixedModel;
+using test::TensorSpec;
+using DeviceOptimizer = InterleavedOptimizer<EmulatedDeviceBackend>;
+
+// A fixed profile: no calibration, so tests are quick and plans reproducible. Rates
+// still refine from measured steps, so automatic plans move between steps.
+constexpr HardwareProfile test_profile{
+    .cpu_rate = 2e8, .device_rate = 2e9, .h2d_bandwidth = 2e9, .d2h_bandwidth = 2e9, .duplex = true,
+    .host_bandwidth = 0};
+
+const std::vector<AdamConfig> two_groups{AdamW{.lr = 1e-2, .weight_decay = 0.1},
+                                         Adam{.lr = 5e-3, .weight_decay = 0.01, .amsgrad = true}};
+
+Options device_options(const Policy& policy, std::size_t subgroup, std::size_t slots = 2) {
+  Options o;
+  o.subgroup_elements = subgroup;
+  o.threads = 2;
+  o.interleave.policy = policy;
+  o.interleave.staging_slots = slots;
+  o.interleave.profile = test_profile;
+  o.interleave.validate_plans = true;
+  return o;
+}
+
+template <class Opt>
+std::vector<float> all_state(const Opt& opt) {
+  std::vector<float> out;
+  for (std::size_t p = 0; p < opt.num_params(); ++p) {
+    std::vector<float> tmp(opt.param_numel(p));
+    for (auto kind : {StateKind::master, StateKind::exp_avg, StateKind::exp_avg_sq}) {
+      opt.read_state(p, kind, tmp);
+      out.insert(out.end(), tmp.begin(), tmp.end());
+    }
+  }
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+struct BudgetCase {
+  const char* name;
+  std::size_t slots;  // 0: every streamed subgroup gets a slot
+};
+
+// Runs `steps` steps on the all-CPU backend and on the emulated device, comparing
+// every value and every state element after each step. Returns the reports seen.
+std::vector<StepReport> compare_trajectories(const std::vector<TensorSpec>& specs, const Policy& policy,
+                                             std::size_t subgroup, std::size_t budget_slots, int steps,
+                                             std::size_t expect_subgroups = 0) {
+  MixedModel host(specs, two_groups, true), device(specs, two_groups);
+  CpuOptimizer reference(host.groups(), Options{.subgroup_elements = subgroup, .threads = 1});
+  DeviceOptimizer opt(device.groups(), device_options(policy, subgroup, 0));
+  if (expect_subgroups != 0) REQUIRE(opt.subgroups().size() == expect_subgroups);
+  if (budget_slots != 0) opt.set_staging_budget(budget_slots * opt.staging_slot_bytes());
+  std::vector<StepReport> reports;
+  for (int t = 1; t <= steps; ++t) {
+    host.set_gradients(t);
+    device.set_gradients(t);
+    if (t == 20) {
+      reference.set_lr(0, 3e-3);
+      opt.set_lr(0, 3e-3);
+    }
+    reference.step();
+    reports.push_back(opt.step());
+    REQUIRE(reports.back().applied);
+    INFO("step " << t);
+    REQUIRE(host.value_bytes() == device.value_bytes());
+  }
+  CHECK(same_bits(all_state(reference), all_state(opt)));
+  const auto order = device.optimizer_order();
+  for (std::size_t p = 0; p < opt.num_params(); ++p)
+    if (opt.hyperparameters(specs[order[p]].group).amsgrad) {
+      std::vector<float> a(opt.param_numel(p)), b(opt.param_numel(p));
+      reference.read_state(p, StateKind::max_exp_avg_sq, a);
+      opt.read_state(p, StateKind::max_exp_avg_sq, b);
+      CHECK(same_bits(a, b));
+    }
+  return reports;
+}
+
+std::vector<Policy> every_policy() {
+  std::vector<Policy> out{{.kind = PolicyKind::all_cpu},
+                          {.kind = PolicyKind::static_fraction, .fraction = 0.3},
+                          {.kind = PolicyKind::automatic_stride},
+                          {.kind = PolicyKind::balanced}};
+  for (std::uint32_t k = 1; k <= 8; ++k) out.push_back({.kind = PolicyKind::fixed_stride, .stride = k});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("bit-identical to the all-CPU backend: every policy, k = 1..8, counts divisible or not, three budgets") {
+  constexpr std::size_t subgroup = 256;
+  for (std::size_t count : {8u, 12u, 13u})
+    for (std::size_t slots : {1u, 2u, 0u})
+      for (const Policy& policy : every_policy()) {
+        CAPTURE(count);
+        CAPTURE(slots);
+        CAPTURE(policy_name(policy.kind));
+        CAPTURE(policy.stride);
+        const auto specs = test::one_per_subgroup(count, subgroup, count * 7 + slots);
+        const auto reports = compare_trajectories(specs, policy, subgroup, slots, 50, count);
+        for (const StepReport& r : reports) {
+          CHECK(r.fallback.empty());
+          if (policy.kind == PolicyKind::fixed_stride) {
+            CHECK(r.stride == policy.stride);
+            CHECK(r.device_subgroups == (count + policy.stride - 1) / policy.stride);
+          }
+          if (policy.kind == PolicyKind::all_cpu) CHECK(r.device_subgroups == 0);
+        }
+      }
+}
+
+TEST_CASE("bit-identical with tensors packed several to a subgroup and split across subgroups") {
+  for (std::uint64_t seed = 1; seed <= 4; ++seed)
+    for (const Policy& policy : every_policy()) {
+      CAPTURE(seed);
+      CAPTURE(policy_name(policy.kind));
+      CAPTURE(policy.stride);
+      compare_trajectories(test::any_sizes(9, 900, seed), policy, 320, 2, 12);
+    }
+}
+
+TEST_CASE("trap 5.1: 16-bit formats are never reinterpreted as each other") {
+  // bf16 and fp16 tensors on both sides of the link, updated on both sides: a value
+  // written in the wrong 16-bit format differs from its master rounded once.
+  std::vector<TensorSpec> specs;
+  for (DType t : {DType::bf16, DType::f16})
+    for (Device d : {Device::host, Device::device}) specs.push_back({300, t, d, 0});
+  MixedModel device(specs, {AdamW{.lr = 1e-2}});
+  DeviceOptimizer opt(device.groups(), device_options({.kind = PolicyKind::fixed_stride, .stride = 2}, 256));
+  for (int t = 1; t <= 10; ++t) {
+    device.set_gradients(t);
+    opt.step();
+  }
+  for (std::size_t p = 0; p < specs.size(); ++p) {
+    std::vector<float> master(specs[p].numel);
+    opt.read_state(p, StateKind::master, master);
+    for (std::size_t i = 0; i < master.size(); ++i) {
+      const float expect = specs[p].dtype == DType::bf16 ? static_cast<float>(bf16(master[i]))
+                                                        : static_cast<float>(fp16(master[i]));
+      REQUIRE(test::load_as(device.value(p), specs[p].dtype, i) == expect);
+    }
+  }
+  CHECK(opt.timeline().plan.device_subgroups() > 0);
+  compare_trajectories(specs, {.kind = PolicyKind::fixed_stride, .stride = 1}, 256, 2, 20);
+}
+
+TEST_CASE("trap 5.2: the last device subgroup is written back when the count is divisible by k") {
+  for (std::uint32_t k = 1; k <= 4; ++k) {
+    CAPTURE(k);
+    const auto specs = test::one_per_subgroup(4 * k, 128, k);  // divisible by k, ends on a CPU subgroup unless k = 1
+    const auto reports = compare_trajectories(specs, {.kind = PolicyKind::fixed_stride, .stride = k}, 128, 2, 5, 4 * k);
+    CHECK(reports.back().device_subgroups == 4);
+  }
+}
+
+TEST_CASE("trap 5.4: pinned state starts at zero although pinned memory arrives poisoned") {
+  EmulatedDeviceBackend b;
+  HostBuffer<float, emulated::PinnedMemory> raw(16, b.pinned_memory());
+  float fresh = 0;
+  void* p = b.pinned_memory().allocate(64, 64);
+  std::memcpy(&fresh, p, sizeof fresh);
+  b.pinned_memory().deallocate(p, 64, 64);
+  CHECK(std::isnan(fresh));
+  for (float x : raw.span()) CHECK(x == 0.0f);
+
+  MixedModel device(test::one_per_subgroup(6, 128, 3), two_groups);
+  DeviceOptimizer opt(device.groups(), device_options({.kind = PolicyKind::static_fraction, .fraction = 0.5}, 128));
+  for (std::size_t q = 0; q < opt.num_params(); ++q) {
+    std::vector<float> m(opt.param_numel(q)), v(opt.param_numel(q));
+    opt.read_state(q, StateKind::exp_avg, m);
+    opt.read_state(q, StateKind::exp_avg_sq, v);
+    for (std::size_t i = 0; i < m.size(); ++i) REQUIRE((m[i] == 0.0f && v[i] == 0.0f));
+  }
+}
+
+TEST_CASE("a budget smaller than one subgroup falls back to the CPU with a reason, not an error") {
+  const auto specs = test::one_per_subgroup(6, 256, 11);
+  MixedModel host(specs, two_groups, true), device(specs, two_groups);
+  CpuOptimizer reference(host.groups(), Options{.subgroup_elements = 256, .threads = 1});
+  for (const Policy& policy : {Policy{.kind = PolicyKind::fixed_stride, .stride = 2}, Policy{.kind = PolicyKind::automatic_stride},
+                               Policy{.kind = PolicyKind::balanced}}) {
+    CAPTURE(policy_name(policy.kind));
+    DeviceOptimizer opt(device.groups(), device_options(policy, 256));
+    std::size_t smallest = opt.staging_slot_bytes();
+    for (const SubgroupShape& s : opt.subgroup_shapes()) smallest = std::min(smallest, s.slot_bytes);
+    opt.set_staging_budget(smallest - 1);
+    host.set_gradients(1);
+    device.set_gradients(1);
+    const StepReport r = opt.step();
+    CHECK(r.applied);
+    CHECK(r.device_subgroups == 0);
+    CHECK(std::string(r.fallback).find("staging budget") != std::string::npos);
+    opt.set_staging_budget(opt.staging_slot_bytes());
+    device.set_gradients(2);
+    const StepReport again = opt.step();
+    if (policy.kind != PolicyKind::automatic_stride) CHECK(again.device_subgroups > 0);
+    CHECK(again.fallback.empty());
+  }
+  // A budget below one slot at construction: no pool at all, and every step falls back.
+  Options o = device_options({.kind = PolicyKind::fixed_stride, .stride = 1}, 256);
+  o.interleave.staging_budget = 1000;
+  DeviceOptimizer tiny(device.groups(), o);
+  CHECK(tiny.staging_pool().capacity == 0);
+  device.set_gradients(3);
+  const StepReport r = tiny.step();
+  CHECK(r.applied);
+  CHECK(r.device_subgroups == 0);
+  CHECK(!r.fallback.empty());
+}
+
+TEST_CASE("plans use at most the budget's slots, and the pool reports its peak") {
+  const auto specs = test::one_per_subgroup(9, 256, 5);
+  MixedModel device(specs, two_groups);
+  DeviceOptimizer opt(device.groups(), device_options({.kind = PolicyKind::fixed_stride, .stride = 1}, 256, 0));
+  CHECK(opt.staging_pool().capacity == 9);
+  for (std::size_t slots : {1u, 2u, 9u}) {
+    opt.set_staging_budget(slots * opt.staging_slot_bytes());
+    device.set_gradients(static_cast<std::int64_t>(slots));
+    opt.step();
+    CHECK(opt.timeline().plan.slots == slots);
+    CHECK(opt.timeline().plan.staging_bytes() <= slots * opt.staging_slot_bytes());
+  }
+  CHECK(opt.staging_pool().peak_in_use == 9);
+  CHECK(opt.staging_pool().in_use == 0);
+}
+
+TEST_CASE("bad input: invalid policies and views are rejected and change nothing") {
+  const auto specs = test::one_per_subgroup(4, 128, 2);
+  MixedModel device(specs, two_groups);
+  CHECK_THROWS_WITH_AS(DeviceOptimizer(device.groups(), device_options({.kind = PolicyKind::fixed_stride, .stride = 0}, 128)),
+                       "dos: policy stride must be >= 1, got 0", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      DeviceOptimizer(device.groups(), device_options({.kind = PolicyKind::static_fraction, .fraction = 1.5}, 128)),
+      "dos: policy fraction must be in [0, 1], got 1.5", std::invalid_argument);
+
+  DeviceOptimizer opt(device.groups(), device_options({.kind = PolicyKind::fixed_stride, .stride = 2}, 128));
+  device.set_gradients(1);
+  opt.step();
+  const auto before = all_state(opt);
+  const auto values = device.value_bytes();
+  CHECK_THROWS_AS(opt.set_policy({.kind = PolicyKind::static_fraction}), std::invalid_argument);
+  CHECK_THROWS_AS(opt.set_policy({.kind = PolicyKind::automatic_stride, .max_stride = 0}), std::invalid_argument);
+  CHECK(opt.policy().kind == PolicyKind::fixed_stride);
+
+  CHECK(same_bits(before, all_state(opt)));
+  CHECK(values == device.value_bytes());
+}
+
+namespace {
+// A parameter whose reported places a test can change between steps.
+struct Movable {
+  float* value;
+  float* grad;
+  std::size_t numel;
+  const Device* value_device;
+  const Device* grad_device;
+};
+}  // namespace
+template <>
+struct dos::tensor_traits<Movable> {
+  static TensorView value(const Movable& p) { return {p.value, p.numel, DType::f32, *p.value_device}; }
+  static ConstTensorView grad(const Movable& p) { return {p.grad, p.numel, DType::f32, *p.grad_device}; }
+};
+
+TEST_CASE("a value or gradient that moves between places is rejected before any change") {
+  std::vector<float> value(64, 1.0f), grad(64, 0.5f);
+  Device value_device = Device::host, grad_device = Device::host;
+  std::vector<Movable> params{{value.data(), grad.data(), 64, &value_device, &grad_device}};
+  DeviceOptimizer opt(params, Adam{}, device_options({.kind = PolicyKind::fixed_stride, .stride = 1}, 64));
+  opt.step();
+  const auto before = all_state(opt);
+  const auto value_before = value;
+  grad_device = Device::device;
+  CHECK_THROWS_WITH_AS(opt.step(),
+                       "dos: parameter 0: its gradient is on the device but its value on the host; dos needs both "
+                       "in one place",
+                       std::invalid_argument);
+  value_device = Device::device;
+  CHECK_THROWS_WITH_AS(opt.step(),
+                       "dos: parameter 0: value moved to the device, but was on the host when the optimizer was built",
+                       std::invalid_argument);
+  value_device = grad_device = Device::host;
+  CHECK(same_bits(before, all_state(opt)));
+  CHECK(value == value_before);
+  CHECK(opt.step_count() == 1);
+  CHECK(opt.step().applied);
+}
+
+TEST_CASE("checkpoints: read_state and write_state round-trip device, mirrored and resident state") {
+  const auto specs = test::one_per_subgroup(6, 128, 21);
+  MixedModel a(specs, two_groups), b(specs, two_groups);
+  DeviceOptimizer first(a.groups(), device_options({.kind = PolicyKind::static_fraction, .fraction = 0.5}, 128));
+  for (int t = 1; t <= 5; ++t) {
+    a.set_gradients(t);
+    first.step();
+  }
+  DeviceOptimizer second(b.groups(), device_options({.kind = PolicyKind::fixed_stride, .stride = 2}, 128));
+  const auto order = a.optimizer_order();
+  for (std::size_t p = 0; p < first.num_params(); ++p) {
+    std::vector<float> tmp(first.param_numel(p));
+    for (auto kind : {StateKind::master, StateKind::exp_avg, StateKind::exp_avg_sq}) {
+      first.read_state(p, kind, tmp);
+      second.write_state(p, kind, tmp);
+    }
+    if (first.hyperparameters(specs[order[p]].group).amsgrad) {
+      first.read_state(p, StateKind::max_exp_avg_sq, tmp);
+      second.write_state(p, StateKind::max_exp_avg_sq, tmp);
+    }
+  }
+  second.set_step_count(first.step_count());
+  CHECK(a.value_bytes() == b.value_bytes());
+  for (int t = 6; t <= 10; ++t) {
+    a.set_gradients(t);
+    b.set_gradients(t);
+    first.step();
+    second.step();
+  }
+  CHECK(a.value_bytes() == b.value_bytes());
+  CHECK(same_bits(all_state(first), all_state(second)));
+}
+
+TEST_CASE("skip_step sees non-finite gradients on the device and changes nothing") {
+  const auto specs = test::one_per_subgroup(6, 128, 4);
+  MixedModel device(specs, two_groups);
+  Options o = device_options({.kind = PolicyKind::fixed_stride, .stride = 2}, 128);
+  o.nonfinite = NonFinitePolicy::skip_step;
+  DeviceOptimizer opt(device.groups(), o);
+  device.set_gradients(1);
+  opt.step();
+  std::size_t dev_param = 0;
+  while (specs[dev_param].device != Device::device) ++dev_param;
+  device.set_gradients(2);
+  test::store_as(device.grad(dev_param), specs[dev_param].dtype, 3, std::numeric_limits<float>::infinity());
+  const auto before = all_state(opt);
+  const auto values = device.value_bytes();
+  const StepReport r = opt.step();
+  CHECK_FALSE(r.applied);
+  const auto order = device.optimizer_order();
+  CHECK(order[r.first_nonfinite_param] == dev_param);
+  CHECK(opt.step_count() == 1);
+  CHECK(same_bits(before, all_state(opt)));
+  CHECK(values == device.value_bytes());
+}
+
+TEST_CASE("every step leaves a timeline: one measured and one predicted entry per op, a summary and a trace") {
+  const auto specs = test::one_per_subgroup(7, 256, 8);
+  MixedModel device(specs, two_groups);
+  DeviceOptimizer opt(device.groups(), device_options({.kind = PolicyKind::fixed_stride, .stride = 3}, 256));
+  device.set_gradients(1);
+  const StepReport r = opt.step();
+  const StepTimeline& t = opt.timeline();
+  REQUIRE(t.measured.size() == t.plan.ops.size());
+  REQUIRE(t.predicted.size() == t.plan.ops.size());
+  for (std::size_t i = 0; i < t.plan.ops.size(); ++i) {
+    CHECK(t.measured[i].end >= t.measured[i].begin);
+    CHECK(t.measured[i].begin >= 0);
+    for (const Dependency& d : t.plan.ops[i].dependencies()) CHECK(t.measured[i].begin >= t.measured[d.op].end - 1e-4);
+  }
+  CHECK(r.stride == 3);
+  CHECK(r.bytes_moved == bytes_moved(t.plan));
+  CHECK(r.predicted_seconds > 0);
+  const std::string line = summary(t);
+  CHECK(line.find("k=3") != std::string::npos);
+  CHECK(line.find("fixed_stride") != std::string::npos);
+  const std::string trace = chrome_trace(t);
+  CHECK(trace.find("\"predicted") != std::string::npos);
+  CHECK(trace.find("\"measured") != std::string::npos);
+}

@@ -108,8 +108,9 @@ TEST_CASE("throttled copies take at least bytes / bandwidth, and h2d shares its 
   CHECK(std::chrono::duration<double>(Clock::now() - t0).count() >= 0.02);
 }
 
-TEST_CASE("the device Adam is the scalar CPU step, bit for bit") {
-  EmulatedDeviceBackend b;
+TEST_CASE("the device Adam is the scalar CPU step, bit for bit, at any instruction set") {
+  for (SimdLevel level : {SimdLevel::scalar, SimdLevel::automatic}) {
+  EmulatedDeviceBackend b({}, {.simd = level});
   constexpr std::size_t n = 1000;
   std::vector<float> p(n), g(n), m(n, 0.0f), v(n, 0.0f);
   test::Rng rng(5);
@@ -133,6 +134,7 @@ TEST_CASE("the device Adam is the scalar CPU step, bit for bit") {
   cpu::SegmentArgs a{cp.data(), g.data(), nullptr, cm.data(), cv.data(), nullptr};
   select_kernel(SimdLevel::scalar, DType::f32, DType::f32, false)(a, 0, n, seg.coefficients);
   CHECK(std::memcmp(p.data(), cp.data(), n * 4) == 0);
+  }
 }
 
 TEST_CASE("any_nonfinite scans device memory") {

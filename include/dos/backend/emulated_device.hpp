@@ -13,7 +13,8 @@
 ///    consumer that does not wait for it sees stale or poisoned data;
 ///  - copies can be throttled to a bandwidth (h2d and param pushes share one link;
 ///    a half-duplex link is shared by both directions), and Adam launches to a rate.
-/// The device Adam is the scalar CPU kernel: the same one step as every executor.
+/// The device Adam is a CPU kernel compiled from the same one step (adam_step.inl) as
+/// every executor, at the widest instruction set (bit-identical to the scalar one).
 
 #include "dos/backend/device_backend.hpp"
 #include "dos/cpu/cpu_adam.hpp"
@@ -43,6 +44,7 @@ struct EmulatedDeviceConfig {
   double device_rate = 0;     ///< Adam parameters/s on the device
   std::size_t memory_bytes = std::size_t{16} << 30;  ///< device memory capacity
   std::size_t reserve_bytes = 0;  ///< kept out of `staging_bytes_available()`
+  SimdLevel simd = SimdLevel::automatic;  ///< the kernel family the device's Adam runs
 };
 
 namespace emulated {
@@ -142,7 +144,7 @@ class Worker {
  public:
   static constexpr std::size_t capacity = 4096;
 
-  Worker(double device_rate) : device_rate_(device_rate), thread_([this] { run(); }) {}
+  Worker(double device_rate, SimdLevel simd) : device_rate_(device_rate), simd_(simd), thread_([this] { run(); }) {}
   ~Worker() {
     {
       std::lock_guard lock(mutex_);
@@ -206,7 +208,7 @@ class Worker {
         [[maybe_unused]] const cpu::detail::DefaultFloatEnvironment fenv;
         for (std::size_t i = 0; i < t.count; ++i) {
           const DeviceSegment& s = t.segments[i];
-          select_kernel(SimdLevel::scalar, s.value, s.grad, s.amsgrad)(s.args, 0, s.count, s.coefficients);
+          select_kernel(simd_, s.value, s.grad, s.amsgrad)(s.args, 0, s.count, s.coefficients);
         }
         break;
       }
@@ -224,6 +226,7 @@ class Worker {
   }
 
   double device_rate_;
+  SimdLevel simd_;
   std::array<Task, capacity> ring_{};
   std::uint64_t issued_ = 0;
   std::uint64_t finished_ = 0;
@@ -252,7 +255,7 @@ class EmulatedDeviceBackend {
 
    private:
     friend class EmulatedDeviceBackend;
-    explicit Stream(double rate) : worker_(std::make_unique<emulated::Worker>(rate)) {}
+    Stream(double rate, SimdLevel simd) : worker_(std::make_unique<emulated::Worker>(rate, simd)) {}
     std::unique_ptr<emulated::Worker> worker_;
   };
   /// @brief A CUDA-like event; move-only.
@@ -268,7 +271,7 @@ class EmulatedDeviceBackend {
 
   explicit EmulatedDeviceBackend(const Options& options = {}, const Config& config = {})
       : config_(config), cpu_(options.threads, options.simd), device_(config.memory_bytes),
-        pinned_{options.huge_pages} {}
+        pinned_{options.huge_pages}, device_simd_(resolve_simd(config.simd)) {}
 
   cpu::CpuAdamExecutor& cpu() noexcept { return cpu_; }
   const cpu::CpuAdamExecutor& cpu() const noexcept { return cpu_; }
@@ -276,7 +279,7 @@ class EmulatedDeviceBackend {
   emulated::PinnedMemory& pinned_memory() noexcept { return pinned_; }
   const Config& config() const noexcept { return config_; }
 
-  Stream make_stream() const { return Stream(config_.device_rate); }
+  Stream make_stream() const { return Stream(config_.device_rate, device_simd_); }
   Event make_event() const { return Event(0); }
 
   void copy_h2d(void* dst, const void* src, std::size_t bytes, Stream& s) {
@@ -356,6 +359,7 @@ class EmulatedDeviceBackend {
   cpu::CpuAdamExecutor cpu_;
   emulated::DeviceMemory device_;
   emulated::PinnedMemory pinned_;
+  SimdLevel device_simd_;
   emulated::Link h2d_link_;
   emulated::Link d2h_link_;
 };

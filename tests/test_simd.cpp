@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 #include <dos/cpu/simd.hpp>
+#include <dos/optim/adam.hpp>
 
 #include <cmath>
 #include <cstring>

@@ -159,7 +159,10 @@ class InterleavedOptimizer {
       groups_.push_back(groups[g].hyper);
     }
     if (flat.empty()) throw_invalid_argument("the parameter list is empty");
-    if constexpr (interleaved) check_policy(options.interleave.policy);
+    if constexpr (interleaved) {
+      check_policy(options.interleave.policy);
+      device_ = backend_.available();
+    }
     source_ = std::make_unique<detail::ParamList<P>>(std::move(flat));
     build();
   }
@@ -181,10 +184,11 @@ class InterleavedOptimizer {
     }
     const std::int64_t t = step_ + 1;
     for (std::size_t g = 0; g < groups_.size(); ++g) coefficients_[g] = coefficients(groups_[g], t);
-    if constexpr (interleaved) {
-      run_plan(report);
+    if (device_) {
+      if constexpr (interleaved) run_plan(report);
     } else {
       backend_.cpu().run(chunks_, work_);
+      if constexpr (requires { backend_.unavailable_reason(); }) report.fallback = backend_.unavailable_reason();
     }
     step_ = t;
     report.applied = true;
@@ -272,13 +276,17 @@ class InterleavedOptimizer {
   PoolStats staging_pool() const
     requires interleaved
   {
-    return dev_.executor->pool_stats();
+    return dev_.executor ? dev_.executor->pool_stats() : PoolStats{};
   }
   std::size_t staging_slot_bytes() const
     requires interleaved
   {
-    return dev_.executor->slot_bytes();
+    return dev_.executor ? dev_.executor->slot_bytes() : 0;
   }
+  /// @brief Whether the device takes part. False for `CpuBackend`, and for a device
+  ///        backend built without a device (`CudaConfig::on_missing = use_cpu`): every
+  ///        step then runs on the CPU and `StepReport::fallback` says why.
+  bool device_available() const noexcept { return device_; }
   /// @brief Per subgroup: what the planner knows about its transfers (device backends).
   const std::vector<SubgroupShape>& subgroup_shapes() const noexcept
     requires interleaved
@@ -368,8 +376,9 @@ class InterleavedOptimizer {
   }
 
   void check_value(std::size_t i, const TensorView& v) const {
-    if (!interleaved && v.device != Device::host)
-      throw_invalid_argument("parameter {}: its value lives on a device, but this backend updates host memory", i);
+    if (!device_ && v.device != Device::host)
+      throw_invalid_argument("parameter {}: its value lives on a device, but {} updates host memory only", i,
+                             interleaved ? "this backend, which has no usable device," : "this backend");
     if (v.numel > 0 && v.data == nullptr) throw_invalid_argument("parameter {}: value pointer is null", i);
     if (detail::misaligned(v.data, v.dtype))
       throw_invalid_argument("parameter {}: value pointer {} is not aligned to {} bytes for {}", i, v.data,
@@ -394,7 +403,7 @@ class InterleavedOptimizer {
   void check_grad(std::size_t i, const TensorView& v, const ConstTensorView& g) const {
     if (g.numel != v.numel)
       throw_invalid_argument("parameter {}: gradient has {} elements, but the value has {}", i, g.numel, v.numel);
-    if (!interleaved && g.device != Device::host)
+    if (!device_ && g.device != Device::host)
       throw_invalid_argument("parameter {}: its gradient lives on a device, but this backend reads host memory", i);
     if (g.device != v.device)
       throw_invalid_argument("parameter {}: its gradient is on the {} but its value on the {}; dos needs both in "
@@ -433,7 +442,8 @@ class InterleavedOptimizer {
         subgroup_group_.push_back(g);
       }
     }
-    if constexpr (interleaved) dev_.sync.emplace(backend_.make_stream());
+    if constexpr (interleaved)
+      if (device_) dev_.sync.emplace(backend_.make_stream());
     PinnedMemory resource = pinned_resource();
     for (std::size_t s = 0; s < subgroups_.size(); ++s) {
       const Subgroup& sub = subgroups_[s];
@@ -473,7 +483,8 @@ class InterleavedOptimizer {
       work_[k].coefficients = &coefficients_[subgroup_group_[segment_refs_[k].subgroup]];
     chunk_flags_.resize(chunks_.size());
     param_flags_.resize(n);
-    if constexpr (interleaved) build_device();
+    if constexpr (interleaved)
+      if (device_) build_device();
   }
 
   PinnedMemory pinned_resource() {
@@ -783,16 +794,16 @@ class InterleavedOptimizer {
   void pull_resident(std::uint32_t s) const
     requires interleaved
   {
+    if (!device_ || dev_.residency[s] != Place::resident) return;
     auto& io = dev_.io[s];
-    if (dev_.residency[s] != Place::resident) return;
     for (const engine::SlotCopy& c : io.down_state) backend_.copy_d2h(c.host, io.home.data() + c.offset, c.bytes, *dev_.sync);
     backend_.synchronize(*dev_.sync);
   }
   void push_resident(std::uint32_t s) const
     requires interleaved
   {
+    if (!device_ || dev_.residency[s] != Place::resident) return;
     auto& io = dev_.io[s];
-    if (dev_.residency[s] != Place::resident) return;
     for (const engine::SlotCopy& c : io.up_state) backend_.copy_h2d(io.home.data() + c.offset, c.host, c.bytes, *dev_.sync);
     backend_.synchronize(*dev_.sync);
   }
@@ -849,6 +860,7 @@ class InterleavedOptimizer {
   std::vector<std::uint8_t> param_flags_;
   std::size_t total_elements_ = 0;
   std::int64_t step_ = 0;
+  bool device_ = false;  // a device backend with a usable device
   [[no_unique_address]] mutable DeviceState dev_;
 };
 

@@ -59,11 +59,21 @@ inline float load_as(const void* data, DType t, std::size_t i) {
   return 0;
 }
 
-class MixedModel {
+/// Device memory of the emulated backend: host memory the test may also touch directly.
+struct EmulatedAccess {
+  using Memory = emulated::DeviceMemory;
+  static Memory memory() { return Memory(std::size_t{1} << 34); }
+  static void write(void* device, const void* host, std::size_t bytes) { std::memcpy(device, host, bytes); }
+  static void read(void* host, const void* device, std::size_t bytes) { std::memcpy(host, device, bytes); }
+};
+
+/// @tparam Access how the test reaches device memory (EmulatedAccess, or CUDA's).
+template <class Access>
+class BasicMixedModel {
  public:
   /// @param on_host_only ignore the specs' devices (the CPU backend's twin).
-  MixedModel(std::vector<TensorSpec> specs, std::vector<AdamConfig> hyper, bool on_host_only = false)
-      : specs_(std::move(specs)), hyper_(std::move(hyper)), device_(std::size_t{1} << 34) {
+  BasicMixedModel(std::vector<TensorSpec> specs, std::vector<AdamConfig> hyper, bool on_host_only = false)
+      : specs_(std::move(specs)), hyper_(std::move(hyper)), device_(Access::memory()) {
     for (TensorSpec& s : specs_) {
       if (on_host_only) s.device = Device::host;
       const std::size_t bytes = s.numel * dtype_size(s.dtype);
@@ -72,17 +82,14 @@ class MixedModel {
         st.host_value = HostBuffer<std::byte>(bytes);
         st.host_grad = HostBuffer<std::byte>(bytes);
       } else {
-        // Emulated device memory is host memory, so the "framework" may write it
-        // directly here, as a GPU framework writes its own tensors.
-        st.dev_value = DeviceBuffer<emulated::DeviceMemory>(bytes, device_);
-        st.dev_grad = DeviceBuffer<emulated::DeviceMemory>(bytes, device_);
+        st.dev_value = DeviceBuffer<typename Access::Memory>(bytes, device_);
+        st.dev_grad = DeviceBuffer<typename Access::Memory>(bytes, device_);
       }
       storage_.push_back(std::move(st));
     }
-    for (std::size_t t = 0; t < specs_.size(); ++t)
-      for (std::size_t i = 0; i < specs_[t].numel; ++i) store_as(value(t), specs_[t].dtype, i, initial_param(t, i));
+    for (std::size_t t = 0; t < specs_.size(); ++t) fill(t, value(t), [&](std::size_t i) { return initial_param(t, i); });
   }
-  MixedModel(MixedModel&&) = default;
+  BasicMixedModel(BasicMixedModel&&) = default;
 
   void* value(std::size_t t) {
     return specs_[t].device == Device::host ? static_cast<void*>(storage_[t].host_value.data())
@@ -112,30 +119,43 @@ class MixedModel {
   }
 
   void set_gradients(std::int64_t step) {
-    for (std::size_t t = 0; t < specs_.size(); ++t)
-      for (std::size_t i = 0; i < specs_[t].numel; ++i) store_as(grad(t), specs_[t].dtype, i, gradient(t, step, i));
+    for (std::size_t t = 0; t < specs_.size(); ++t) fill(t, grad(t), [&](std::size_t i) { return gradient(t, step, i); });
   }
 
   /// Every value's bits, in tensor order.
   std::vector<std::byte> value_bytes() {
     std::vector<std::byte> out;
     for (std::size_t t = 0; t < specs_.size(); ++t) {
-      const auto* p = static_cast<const std::byte*>(value(t));
-      out.insert(out.end(), p, p + specs_[t].numel * dtype_size(specs_[t].dtype));
+      std::vector<std::byte> tmp(specs_[t].numel * dtype_size(specs_[t].dtype));
+      if (specs_[t].device == Device::host) std::memcpy(tmp.data(), value(t), tmp.size());
+      else Access::read(tmp.data(), value(t), tmp.size());
+      out.insert(out.end(), tmp.begin(), tmp.end());
     }
     return out;
   }
 
  private:
+  // Writes f(i), as the tensor's type, into its buffer @p dst wherever it lives.
+  template <class F>
+  void fill(std::size_t t, void* dst, F&& f) {
+    const TensorSpec& s = specs_[t];
+    std::vector<std::byte> tmp(s.numel * dtype_size(s.dtype));
+    for (std::size_t i = 0; i < s.numel; ++i) store_as(tmp.data(), s.dtype, i, f(i));
+    if (s.device == Device::host) std::memcpy(dst, tmp.data(), tmp.size());
+    else Access::write(dst, tmp.data(), tmp.size());
+  }
+
   struct Storage {
     HostBuffer<std::byte> host_value, host_grad;
-    DeviceBuffer<emulated::DeviceMemory> dev_value, dev_grad;
+    DeviceBuffer<typename Access::Memory> dev_value, dev_grad;
   };
   std::vector<TensorSpec> specs_;
   std::vector<AdamConfig> hyper_;
-  emulated::DeviceMemory device_;
+  typename Access::Memory device_;
   std::vector<Storage> storage_;
 };
+
+using MixedModel = BasicMixedModel<EmulatedAccess>;
 
 /// A tensor of @p numel elements with a random type, place and group.
 inline TensorSpec random_spec(Rng& rng, std::size_t numel, std::size_t groups) {

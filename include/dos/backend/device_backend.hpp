@@ -9,6 +9,7 @@
 /// enqueued on them; events order one stream after another, or the host after a stream.
 /// Events follow CUDA: `wait` and `synchronize` refer to the most recent `record`.
 
+#include "dos/backend/device_segment.hpp"
 #include "dos/core/tensor.hpp"
 #include "dos/cpu/cpu_adam.hpp"
 #include "dos/cpu/kernel.hpp"
@@ -20,17 +21,6 @@
 #include <span>
 
 namespace dos {
-
-/// @brief One contiguous piece of a device Adam launch. Pointers are device
-///        addresses; `args.master` is null when fp32 values are their own master.
-struct DeviceSegment {
-  cpu::SegmentArgs args;
-  std::size_t count = 0;
-  DType value = DType::f32;
-  DType grad = DType::f32;
-  bool amsgrad = false;
-  AdamCoefficients<float> coefficients{};
-};
 
 /// @brief A device the interleaved engine can stream optimizer state through.
 /// @code
@@ -50,6 +40,7 @@ concept DeviceBackend = requires(B& b, const B& cb, typename B::Stream& s, typen
                                  const typename B::Event& ce, void* dst, const void* src, std::size_t bytes, std::size_t count,
                                  std::span<const DeviceSegment> segments, DType dtype) {
   typename B::Config;
+  { cb.available() } -> std::convertible_to<bool>;  ///< false: no device, update on the CPU
   { b.cpu() } -> std::same_as<cpu::CpuAdamExecutor&>;
   { b.device_memory() } -> MemoryResource;
   { b.pinned_memory() } -> MemoryResource;

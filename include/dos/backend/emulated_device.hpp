@@ -273,6 +273,8 @@ class EmulatedDeviceBackend {
       : config_(config), cpu_(options.threads, options.simd), device_(config.memory_bytes),
         pinned_{options.huge_pages}, device_simd_(resolve_simd(config.simd)) {}
 
+  /// @brief Always: the emulated device exists wherever the host does.
+  bool available() const noexcept { return true; }
   cpu::CpuAdamExecutor& cpu() noexcept { return cpu_; }
   const cpu::CpuAdamExecutor& cpu() const noexcept { return cpu_; }
   emulated::DeviceMemory& device_memory() noexcept { return device_; }

@@ -20,7 +20,7 @@ namespace dos {
 namespace detail {
 
 DOS_HOST_DEVICE std::uint32_t float_bits(float f) {
-#if DOS_CUDA_COMPILATION
+#if defined(__CUDA_ARCH__)
   return __float_as_uint(f);
 #else
   std::uint32_t u;
@@ -30,7 +30,7 @@ DOS_HOST_DEVICE std::uint32_t float_bits(float f) {
 }
 
 DOS_HOST_DEVICE float bits_float(std::uint32_t u) {
-#if DOS_CUDA_COMPILATION
+#if defined(__CUDA_ARCH__)
   return __uint_as_float(u);
 #else
   float f;

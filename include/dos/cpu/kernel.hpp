@@ -3,7 +3,7 @@
 /// @brief The contract between the CPU executor and its per-instruction-set kernels:
 ///        the pointers of one segment and the signature of a range update.
 
-#include "dos/optim/adam.hpp"
+#include "dos/optim/coefficients.hpp"
 
 #include <cstddef>
 

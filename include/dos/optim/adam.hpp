@@ -8,6 +8,7 @@
 
 #include "dos/config.hpp"
 #include "dos/error.hpp"
+#include "dos/optim/coefficients.hpp"
 
 #include <bit>
 #include <cmath>
@@ -91,20 +92,6 @@ inline void validate(const AdamConfig& c, std::optional<std::size_t> group = std
   require(!c.decoupled_weight_decay || c.lr * c.weight_decay <= 1, "lr * weight_decay",
           "<= 1 for AdamW (it scales the parameter by 1 - lr * wd)", c.lr * c.weight_decay);
 }
-
-/// @brief The scalars of one step, in the lane type `V` (float, or a SIMD vector
-///        after broadcasting). Every executor consumes exactly these values.
-template <class V>
-struct AdamCoefficients {
-  V grad_sign;        ///< -1 with maximize, else +1 (an exact negation)
-  V l2;               ///< Adam's weight decay; 0 for AdamW
-  V decay;            ///< AdamW's 1 - lr * wd; 1 for Adam
-  V beta1, one_minus_beta1;
-  V beta2, one_minus_beta2;
-  V inv_sqrt_bias_correction2;
-  V eps;
-  V neg_step_size;    ///< -lr / (1 - beta1^t)
-};
 
 /// @brief The coefficients of step @p t (counted from 1), computed in double as
 ///        PyTorch does with Python floats, then rounded once to float.

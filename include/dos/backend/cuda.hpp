@@ -1,0 +1,250 @@
+#pragma once
+/// @file
+/// @brief `CudaBackend`: the `DeviceBackend` of a real GPU, through the CUDA runtime
+///        API. Host C++ (any compiler, linked with `CUDA::cudart` and `dos::cuda`).
+///
+///  - pinned host memory: `cudaHostAlloc` at construction only, one block per
+///    subgroup; when pinning fails, pageable memory with a warning on stderr;
+///  - device memory: `cudaMalloc`; the staging budget defaults to `cudaMemGetInfo`'s
+///    free bytes minus `CudaConfig::reserve_bytes`;
+///  - non-blocking streams, one per lane, and timing events on every operation;
+///  - the Adam kernel and the gradient reduction of `dos::cuda`.
+/// Without a usable GPU (any error from `cudaGetDeviceCount`, such as 35, "driver
+/// insufficient", on a machine with no driver), construction throws `cuda_error`,
+/// or, with `MissingDevice::use_cpu`, the backend reports itself unavailable and the
+/// optimizer updates everything on the CPU.
+
+#include "dos/backend/device_backend.hpp"
+#include "dos/cpu/cpu_adam.hpp"
+#include "dos/cuda/error.hpp"
+#include "dos/cuda/kernels.hpp"
+#include "dos/memory/host_resource.hpp"
+#include "dos/options.hpp"
+
+#include <cuda_runtime_api.h>
+#include <fmt/core.h>
+
+#include <cstddef>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <utility>
+
+namespace dos {
+
+/// @brief What to do when there is no usable GPU.
+enum class MissingDevice : std::uint8_t {
+  throw_error,  ///< construction throws `cuda_error` (the default)
+  use_cpu,      ///< construct anyway; the optimizer updates everything on the CPU
+};
+
+struct CudaConfig {
+  int device = 0;
+  /// Device bytes kept out of the default staging budget, for the framework.
+  std::size_t reserve_bytes = std::size_t{2} << 30;
+  MissingDevice on_missing = MissingDevice::throw_error;
+  /// Pin optimizer state with cudaHostAlloc; false, or a failure, gives pageable memory.
+  bool pin = true;
+};
+
+namespace cuda {
+
+/// @brief Whether a GPU can be used here, and if not, why (empty when it can).
+inline std::string unavailable_reason() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess)
+    return fmt::format("no usable CUDA device: cudaGetDeviceCount returned error {} ({})", static_cast<int>(e),
+                       cudaGetErrorString(e));
+  if (count == 0) return "no usable CUDA device: cudaGetDeviceCount found none";
+  return {};
+}
+
+/// @brief Device memory from cudaMalloc.
+struct DeviceMemory {
+  int device = 0;
+  void* allocate(std::size_t bytes, std::size_t /*alignment: cudaMalloc gives 256*/) const {
+    void* p = nullptr;
+    check(cudaMalloc(&p, bytes), fmt::format("cudaMalloc of {} bytes", bytes));
+    return p;
+  }
+  void deallocate(void* p, std::size_t, std::size_t) const noexcept { cudaFree(p); }
+};
+
+/// @brief Pinned host memory from cudaHostAlloc, or pageable memory (with one
+///        warning) when pinning fails or is turned off.
+class PinnedMemory {
+ public:
+  PinnedMemory() = default;
+  explicit PinnedMemory(bool pin) : state_(std::make_shared<State>()) { state_->pin = pin; }
+
+  void* allocate(std::size_t bytes, std::size_t alignment) const {
+    if (state_ != nullptr && state_->pin) {
+      void* p = nullptr;
+      const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+      if (e == cudaSuccess) {
+        std::lock_guard lock(state_->mutex);
+        state_->pinned.insert(p);
+        return p;
+      }
+      cudaGetLastError();  // clear it: falling back is not an error
+      std::call_once(state_->warned, [&] {
+        std::fprintf(stderr, "dos: warning: cudaHostAlloc of %zu bytes failed (%s); using pageable memory, "
+                             "transfers will be slower\n", bytes, cudaGetErrorString(e));
+      });
+    }
+    return HostResource{}.allocate(bytes, alignment);
+  }
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) const noexcept {
+    if (state_ != nullptr) {
+      std::lock_guard lock(state_->mutex);
+      if (state_->pinned.erase(p) != 0) {
+        cudaFreeHost(p);
+        return;
+      }
+    }
+    HostResource{}.deallocate(p, bytes, alignment);
+  }
+  /// @brief Bytes that fell back to pageable memory are not tracked; this says whether
+  ///        @p p is pinned.
+  bool is_pinned(const void* p) const {
+    if (state_ == nullptr) return false;
+    std::lock_guard lock(state_->mutex);
+    return state_->pinned.count(const_cast<void*>(p)) != 0;
+  }
+
+ private:
+  struct State {
+    bool pin = true;
+    std::mutex mutex;
+    std::unordered_set<void*> pinned;
+    std::once_flag warned;
+  };
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace cuda
+
+/// @brief A CUDA GPU, modelling `DeviceBackend`.
+class CudaBackend {
+ public:
+  using Config = CudaConfig;
+
+  class Stream {
+   public:
+    Stream() = default;
+    Stream(Stream&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+    Stream& operator=(Stream&& o) noexcept {
+      std::swap(s_, o.s_);
+      return *this;
+    }
+    ~Stream() {
+      if (s_ != nullptr) cudaStreamDestroy(s_);
+    }
+    cudaStream_t get() const noexcept { return s_; }
+
+   private:
+    friend class CudaBackend;
+    explicit Stream(cudaStream_t s) : s_(s) {}
+    cudaStream_t s_ = nullptr;
+  };
+  class Event {
+   public:
+    Event() = default;
+    Event(Event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+    Event& operator=(Event&& o) noexcept {
+      std::swap(e_, o.e_);
+      return *this;
+    }
+    ~Event() {
+      if (e_ != nullptr) cudaEventDestroy(e_);
+    }
+    cudaEvent_t get() const noexcept { return e_; }
+
+   private:
+    friend class CudaBackend;
+    explicit Event(cudaEvent_t e) : e_(e) {}
+    cudaEvent_t e_ = nullptr;
+  };
+
+  /// @throws cuda_error when there is no usable GPU and `on_missing` is `throw_error`.
+  explicit CudaBackend(const Options& options = {}, const Config& config = {})
+      : config_(config), cpu_(options.threads, options.simd), device_{config.device}, pinned_(config.pin),
+        reason_(cuda::unavailable_reason()) {
+    if (!reason_.empty()) {
+      if (config.on_missing == MissingDevice::throw_error) throw cuda_error("dos: " + reason_);
+      pinned_ = cuda::PinnedMemory(false);  // no driver to pin with: plain host memory, no warning
+      return;
+    }
+    cuda::check(cudaSetDevice(config.device), fmt::format("cudaSetDevice({})", config.device));
+    scan_.emplace(make_stream());
+  }
+
+  /// @brief False when constructed without a usable GPU (`MissingDevice::use_cpu`).
+  bool available() const noexcept { return reason_.empty(); }
+  /// @brief Why the GPU is unavailable; empty when it is available.
+  const std::string& unavailable_reason() const noexcept { return reason_; }
+
+  cpu::CpuAdamExecutor& cpu() noexcept { return cpu_; }
+  const cpu::CpuAdamExecutor& cpu() const noexcept { return cpu_; }
+  cuda::DeviceMemory& device_memory() noexcept { return device_; }
+  cuda::PinnedMemory& pinned_memory() noexcept { return pinned_; }
+  const Config& config() const noexcept { return config_; }
+
+  Stream make_stream() const {
+    cudaStream_t s = nullptr;
+    cuda::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    return Stream(s);
+  }
+  Event make_event() const {
+    cudaEvent_t e = nullptr;
+    cuda::check(cudaEventCreate(&e), "cudaEventCreate");
+    return Event(e);
+  }
+
+  void copy_h2d(void* dst, const void* src, std::size_t bytes, Stream& s) {
+    cuda::check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s.get()), "cudaMemcpyAsync host to device");
+  }
+  void copy_d2h(void* dst, const void* src, std::size_t bytes, Stream& s) {
+    cuda::check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s.get()), "cudaMemcpyAsync device to host");
+  }
+  /// @brief Copies the descriptors into the launch's parameters, so @p segments may
+  ///        be reused as soon as this returns.
+  void launch_adam(std::span<const DeviceSegment> segments, Stream& s) { cuda::launch_adam(segments, s.get()); }
+  /// @brief Nothing to do on a real device: dead staging is simply overwritten.
+  void discard(void*, std::size_t, Stream&) noexcept {}
+  void record(Event& e, Stream& s) { cuda::check(cudaEventRecord(e.get(), s.get()), "cudaEventRecord"); }
+  void wait(Stream& s, Event& e) { cuda::check(cudaStreamWaitEvent(s.get(), e.get(), 0), "cudaStreamWaitEvent"); }
+  void synchronize(Event& e) { cuda::check(cudaEventSynchronize(e.get()), "cudaEventSynchronize"); }
+  void synchronize(Stream& s) { cuda::check(cudaStreamSynchronize(s.get()), "cudaStreamSynchronize"); }
+  double elapsed(const Event& from, const Event& to) const {
+    float ms = 0;
+    cuda::check(cudaEventElapsedTime(&ms, from.get(), to.get()), "cudaEventElapsedTime");
+    return static_cast<double>(ms) * 1e-3;
+  }
+  /// @brief Free device memory now, minus the reserve.
+  std::size_t staging_bytes_available() const {
+    if (!available()) return 0;
+    std::size_t free = 0, total = 0;
+    cuda::check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    return free > config_.reserve_bytes ? free - config_.reserve_bytes : 0;
+  }
+  bool any_nonfinite(const void* device_data, DType dtype, std::size_t count) {
+    if (count == 0 || !scan_) return false;
+    return cuda::grad_stats(device_data, dtype, count, scan_->get()).nonfinite;
+  }
+
+ private:
+  Config config_;
+  cpu::CpuAdamExecutor cpu_;
+  cuda::DeviceMemory device_;
+  cuda::PinnedMemory pinned_;
+  std::string reason_;
+  std::optional<Stream> scan_;
+};
+static_assert(DeviceBackend<CudaBackend>);
+
+}  // namespace dos

@@ -1,0 +1,252 @@
+#pragma once
+/// @file
+/// @brief The GPU Adam: the one step of `optim/detail/adam_step.inl` on floats with
+///        the correctly rounded CUDA intrinsics, so it gives the CPU's bits. nvcc only.
+///
+/// One thread updates four consecutive elements. Its fp32 arrays (master, m, v,
+/// vmax, and fp32 values or gradients) are read and written with 16-byte vector
+/// accesses when the four elements are 16-byte aligned, its 16-bit arrays with
+/// 8-byte ones; otherwise element by element. A launch carries up to
+/// `segments_per_launch` segment descriptors by value, and each block finds its
+/// segment from the block offsets, so many small tensors cost one launch.
+///
+/// It defines the functions of kernels.hpp: include it in one translation unit only
+/// (dos/cuda/kernels.cu does, for the `dos::cuda` target).
+
+#if !defined(__CUDACC__)
+#error "dos/cuda/adam_kernel.cuh is CUDA C++: compile it with nvcc"
+#endif
+
+#include "dos/core/float16.hpp"
+#include "dos/cuda/error.hpp"
+#include "dos/cuda/kernels.hpp"
+#include "dos/optim/coefficients.hpp"
+
+#include <cuda_runtime.h>
+#include <thrust/execution_policy.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/transform_reduce.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace dos::cuda::device {
+
+// The operations adam_step.inl needs, each one correctly rounded IEEE operation.
+__device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+__device__ __forceinline__ float div(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ float sqrt(float a) { return __fsqrt_rn(a); }
+// Unsigned order of the bit patterns: NaN above infinity, as on the CPU.
+__device__ __forceinline__ float max_nonneg(float a, float b) { return __float_as_uint(a) >= __float_as_uint(b) ? a : b; }
+
+#define DOS_STEP_FN __device__ __forceinline__
+#include "dos/optim/detail/adam_step.inl"
+#undef DOS_STEP_FN
+
+inline constexpr int threads_per_block = 256;
+inline constexpr int per_thread = 4;
+inline constexpr std::size_t per_block = threads_per_block * per_thread;
+
+struct Batch {
+  DeviceSegment segment[segments_per_launch];
+  unsigned first_block[segments_per_launch + 1];
+  int count;
+};
+
+template <class T>
+__device__ __forceinline__ float to_float(T x) {
+  if constexpr (std::is_same_v<T, float>) return x;
+  else return static_cast<float>(x);
+}
+template <class T>
+__device__ __forceinline__ T from_float(float x) {
+  if constexpr (std::is_same_v<T, float>) return x;
+  else return T(x);
+}
+
+// Four elements of an array of T at p: one vector access when aligned.
+template <class T>
+__device__ __forceinline__ void load4(const T* p, float (&out)[4], bool vector) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (vector) {
+      const float4 v = *reinterpret_cast<const float4*>(p);
+      out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+      return;
+    }
+  } else {
+    if (vector) {
+      const uint2 v = *reinterpret_cast<const uint2*>(p);
+      out[0] = to_float(T::from_bits(static_cast<std::uint16_t>(v.x & 0xFFFFu)));
+      out[1] = to_float(T::from_bits(static_cast<std::uint16_t>(v.x >> 16)));
+      out[2] = to_float(T::from_bits(static_cast<std::uint16_t>(v.y & 0xFFFFu)));
+      out[3] = to_float(T::from_bits(static_cast<std::uint16_t>(v.y >> 16)));
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out[i] = to_float(p[i]);
+}
+template <class T>
+__device__ __forceinline__ void store4(T* p, const float (&in)[4], bool vector) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (vector) {
+      *reinterpret_cast<float4*>(p) = make_float4(in[0], in[1], in[2], in[3]);
+      return;
+    }
+  } else {
+    if (vector) {
+      const auto b = [&](int i) { return static_cast<unsigned>(from_float<T>(in[i]).bits); };
+      *reinterpret_cast<uint2*>(p) = make_uint2(b(0) | (b(1) << 16), b(2) | (b(3) << 16));
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) p[i] = from_float<T>(in[i]);
+}
+
+template <class T>
+__device__ __forceinline__ bool aligned(const T* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % (4 * sizeof(T)) == 0;
+}
+
+// Elements [begin, end) of one segment; at most four.
+template <class P, class G, bool Amsgrad, bool HasMaster>
+__device__ __forceinline__ void update(const DeviceSegment& s, std::size_t begin, std::size_t end) {
+  const cpu::SegmentArgs& a = s.args;
+  auto* const param = static_cast<P*>(a.param) + begin;
+  const auto* const grad = static_cast<const G*>(a.grad) + begin;
+  float* const master = HasMaster ? a.master + begin : nullptr;
+  float* const m_ = a.exp_avg + begin;
+  float* const v_ = a.exp_avg_sq + begin;
+  float* const vmax_ = Amsgrad ? a.max_exp_avg_sq + begin : nullptr;
+  const AdamCoefficients<float>& k = s.coefficients;
+  if (end - begin == 4) {
+    const bool vec = aligned(param) && aligned(grad) && aligned(m_) && aligned(v_) &&
+                     (!HasMaster || aligned(master)) && (!Amsgrad || aligned(vmax_));
+    float p[4], g[4], m[4], v[4], vmax[4] = {0, 0, 0, 0};
+    if constexpr (HasMaster) load4(master, p, vec);
+    else load4(param, p, vec);
+    load4(grad, g, vec);
+    load4(m_, m, vec);
+    load4(v_, v, vec);
+    if constexpr (Amsgrad) load4(vmax_, vmax, vec);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) adam_step<Amsgrad>(p[i], g[i], m[i], v[i], vmax[i], k);
+    if constexpr (HasMaster) store4(master, p, vec);
+    store4(param, p, vec);
+    store4(m_, m, vec);
+    store4(v_, v, vec);
+    if constexpr (Amsgrad) store4(vmax_, vmax, vec);
+    return;
+  }
+  for (std::size_t i = 0; i < end - begin; ++i) {
+    float p = HasMaster ? master[i] : to_float(param[i]);
+    float vmax = Amsgrad ? vmax_[i] : 0.0f;
+    adam_step<Amsgrad>(p, to_float(grad[i]), m_[i], v_[i], vmax, k);
+    if constexpr (HasMaster) master[i] = p;
+    param[i] = from_float<P>(p);
+    if constexpr (Amsgrad) vmax_[i] = vmax;
+  }
+}
+
+template <class P, class G>
+__device__ __forceinline__ void dispatch_flags(const DeviceSegment& s, std::size_t b, std::size_t e) {
+  const bool master = s.args.master != nullptr;
+  if (s.amsgrad) {
+    if (master) update<P, G, true, true>(s, b, e);
+    else update<P, G, true, false>(s, b, e);
+  } else {
+    if (master) update<P, G, false, true>(s, b, e);
+    else update<P, G, false, false>(s, b, e);
+  }
+}
+template <class P>
+__device__ __forceinline__ void dispatch_grad(const DeviceSegment& s, std::size_t b, std::size_t e) {
+  switch (s.grad) {
+    case DType::f32: dispatch_flags<P, float>(s, b, e); break;
+    case DType::bf16: dispatch_flags<P, bf16>(s, b, e); break;
+    case DType::f16: dispatch_flags<P, fp16>(s, b, e); break;
+  }
+}
+
+__global__ void __launch_bounds__(threads_per_block) adam_kernel(const __grid_constant__ Batch batch) {
+  int s = 0;
+  while (s + 1 < batch.count && blockIdx.x >= batch.first_block[s + 1]) ++s;
+  const DeviceSegment& seg = batch.segment[s];
+  const std::size_t begin = (blockIdx.x - batch.first_block[s]) * per_block + threadIdx.x * per_thread;
+  if (begin >= seg.count) return;
+  const std::size_t end = begin + per_thread < seg.count ? begin + per_thread : seg.count;
+  switch (seg.value) {
+    case DType::f32: dispatch_grad<float>(seg, begin, end); break;
+    case DType::bf16: dispatch_grad<bf16>(seg, begin, end); break;
+    case DType::f16: dispatch_grad<fp16>(seg, begin, end); break;
+  }
+}
+
+struct ElementStats {
+  const void* data;
+  DType dtype;
+  __host__ __device__ thrust::pair<double, int> operator()(std::size_t i) const {
+    std::uint32_t exponent_all_ones = 0;
+    float x = 0;
+    switch (dtype) {
+      case DType::f32:
+        x = static_cast<const float*>(data)[i];
+        exponent_all_ones = (detail::float_bits(x) & 0x7F800000u) == 0x7F800000u;
+        break;
+      case DType::bf16: {
+        const bf16 h = static_cast<const bf16*>(data)[i];
+        exponent_all_ones = (h.bits & 0x7F80u) == 0x7F80u;
+        x = static_cast<float>(h);
+        break;
+      }
+      case DType::f16: {
+        const fp16 h = static_cast<const fp16*>(data)[i];
+        exponent_all_ones = (h.bits & 0x7C00u) == 0x7C00u;
+        x = static_cast<float>(h);
+        break;
+      }
+    }
+    const double d = x;
+    return {exponent_all_ones != 0 ? 0.0 : d * d, exponent_all_ones != 0 ? 1 : 0};
+  }
+};
+struct AddStats {
+  __host__ __device__ thrust::pair<double, int> operator()(thrust::pair<double, int> a, thrust::pair<double, int> b) const {
+    return {a.first + b.first, a.second + b.second};
+  }
+};
+
+}  // namespace dos::cuda::device
+
+namespace dos::cuda {
+
+void launch_adam(std::span<const DeviceSegment> segments, cudaStream_t stream) {
+  using namespace device;
+  for (std::size_t first = 0; first < segments.size(); first += segments_per_launch) {
+    Batch batch{};
+    unsigned blocks = 0;
+    batch.count = 0;
+    for (std::size_t i = first; i < segments.size() && i < first + segments_per_launch; ++i) {
+      batch.segment[batch.count] = segments[i];
+      batch.first_block[batch.count] = blocks;
+      blocks += static_cast<unsigned>((segments[i].count + per_block - 1) / per_block);
+      ++batch.count;
+    }
+    batch.first_block[batch.count] = blocks;
+    if (blocks == 0) continue;
+    adam_kernel<<<blocks, threads_per_block, 0, stream>>>(batch);
+    check(cudaGetLastError(), "launching the Adam kernel");
+  }
+}
+
+GradStats grad_stats(const void* data, DType dtype, std::size_t count, cudaStream_t stream) {
+  using namespace device;
+  const auto r = thrust::transform_reduce(thrust::cuda::par.on(stream), thrust::counting_iterator<std::size_t>(0),
+                                          thrust::counting_iterator<std::size_t>(count), ElementStats{data, dtype},
+                                          thrust::pair<double, int>(0.0, 0), AddStats{});
+  return {r.first, r.second != 0};
+}
+
+}  // namespace dos::cuda

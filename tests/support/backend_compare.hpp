@@ -1,0 +1,99 @@
+#pragma once
+// Runs one mixed-precision model through the all-CPU backend and through a device
+// backend, step by step, and requires the same bits everywhere. Shared by the
+// emulated-device tests and the GPU tests.
+
+#include "mixed_model.hpp"
+
+#include <doctest/doctest.h>
+#include <dos/optimizer.hpp>
+
+#include <cstring>
+#include <vector>
+
+namespace dos::test {
+
+// A fixed profile: no calibration, so tests are quick and plans reproducible. Rates
+// still refine from measured steps, so automatic plans move between steps.
+inline constexpr HardwareProfile test_profile{
+    .cpu_rate = 2e8, .device_rate = 2e9, .h2d_bandwidth = 2e9, .d2h_bandwidth = 2e9, .duplex = true,
+    .host_bandwidth = 0};
+
+inline const std::vector<AdamConfig> two_groups{AdamW{.lr = 1e-2, .weight_decay = 0.1},
+                                         Adam{.lr = 5e-3, .weight_decay = 0.01, .amsgrad = true}};
+
+inline Options device_options(const Policy& policy, std::size_t subgroup, std::size_t slots = 2) {
+  Options o;
+  o.subgroup_elements = subgroup;
+  o.threads = 2;
+  o.interleave.policy = policy;
+  o.interleave.staging_slots = slots;
+  o.interleave.profile = test_profile;
+  o.interleave.validate_plans = true;
+  return o;
+}
+
+template <class Opt>
+std::vector<float> all_state(const Opt& opt) {
+  std::vector<float> out;
+  for (std::size_t p = 0; p < opt.num_params(); ++p) {
+    std::vector<float> tmp(opt.param_numel(p));
+    for (auto kind : {StateKind::master, StateKind::exp_avg, StateKind::exp_avg_sq}) {
+      opt.read_state(p, kind, tmp);
+      out.insert(out.end(), tmp.begin(), tmp.end());
+    }
+  }
+  return out;
+}
+
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Runs `steps` steps on the all-CPU backend and on the emulated device, comparing
+// every value and every state element after each step. Returns the reports seen.
+template <class Backend = EmulatedDeviceBackend, class Access = EmulatedAccess>
+std::vector<StepReport> compare_trajectories(const std::vector<TensorSpec>& specs, const Policy& policy,
+                                             std::size_t subgroup, std::size_t budget_slots, int steps,
+                                             std::size_t expect_subgroups = 0) {
+  BasicMixedModel<Access> host(specs, two_groups, true), device(specs, two_groups);
+  CpuOptimizer reference(host.groups(), Options{.subgroup_elements = subgroup, .threads = 1});
+  InterleavedOptimizer<Backend> opt(device.groups(), device_options(policy, subgroup, 0));
+  if (expect_subgroups != 0) REQUIRE(opt.subgroups().size() == expect_subgroups);
+  if (budget_slots != 0) opt.set_staging_budget(budget_slots * opt.staging_slot_bytes());
+  std::vector<StepReport> reports;
+  for (int t = 1; t <= steps; ++t) {
+    host.set_gradients(t);
+    device.set_gradients(t);
+    if (t == 20) {
+      reference.set_lr(0, 3e-3);
+      opt.set_lr(0, 3e-3);
+    }
+    reference.step();
+    reports.push_back(opt.step());
+    REQUIRE(reports.back().applied);
+    INFO("step " << t);
+    REQUIRE(host.value_bytes() == device.value_bytes());
+  }
+  CHECK(same_bits(all_state(reference), all_state(opt)));
+  const auto order = device.optimizer_order();
+  for (std::size_t p = 0; p < opt.num_params(); ++p)
+    if (opt.hyperparameters(specs[order[p]].group).amsgrad) {
+      std::vector<float> a(opt.param_numel(p)), b(opt.param_numel(p));
+      reference.read_state(p, StateKind::max_exp_avg_sq, a);
+      opt.read_state(p, StateKind::max_exp_avg_sq, b);
+      CHECK(same_bits(a, b));
+    }
+  return reports;
+}
+
+inline std::vector<Policy> every_policy() {
+  std::vector<Policy> out{{.kind = PolicyKind::all_cpu},
+                          {.kind = PolicyKind::static_fraction, .fraction = 0.3},
+                          {.kind = PolicyKind::automatic_stride},
+                          {.kind = PolicyKind::balanced}};
+  for (std::uint32_t k = 1; k <= 8; ++k) out.push_back({.kind = PolicyKind::fixed_stride, .stride = k});
+  return out;
+}
+
+}  // namespace dos::test

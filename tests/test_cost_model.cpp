@@ -10,6 +10,7 @@
 #include <dos/schedule/cost_model.hpp>
 #include <dos/schedule/policy.hpp>
 
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -76,10 +77,13 @@ TEST_CASE("refinement moves each rate toward what its lane achieved") {
   stride_assignment(a, 4, 2);
   make_plan(t.plan, uniform(4, 1'000'000), a, {.budget = ~std::size_t{0}, .max_slots = 2}, 2);
   t.measured.resize(t.plan.ops.size());
+  std::array<double, lane_count> clock{};
   for (std::size_t i = 0; i < t.plan.ops.size(); ++i) {
     const Op& op = t.plan.ops[i];
-    const double seconds = 2 * m.duration(op);  // everything ran at half the modelled rate
-    t.measured[i] = {0, std::max(seconds, 1e-3)};
+    double& now = clock[static_cast<std::size_t>(op.lane)];
+    const double seconds = std::max(2 * m.duration(op), 1e-3);  // everything at half the modelled rate
+    t.measured[i] = {now, now + seconds};
+    now += seconds;
   }
   m.refine(t);
   CHECK(m.profile().cpu_rate == doctest::Approx(0.75 * profile.cpu_rate));
@@ -90,6 +94,26 @@ TEST_CASE("refinement moves each rate toward what its lane achieved") {
   for (auto& x : t.measured) x = {0, 1e-6};
   quiet.refine(t);
   CHECK(quiet.profile().cpu_rate == profile.cpu_rate);
+}
+
+TEST_CASE("refinement divides by the time a shared link was busy, not by the sum of waiting transfers") {
+  // An upload and a push overlap on the host-to-device link: each measured 2 s, the
+  // link was busy for 2 s and moved both. Its rate is 2 GB / 2 s, not 2 GB / 4 s.
+  StepTimeline t;
+  t.plan.placement = {Place::device, Place::cpu};
+  Op up;
+  up.kind = OpKind::upload;
+  up.lane = Lane::h2d;
+  up.bytes = 1'000'000'000;
+  Op push = up;
+  push.kind = OpKind::push_params;
+  push.lane = Lane::push;
+  push.subgroup = 1;
+  t.plan.ops = {up, push};
+  t.measured = {{0.0, 2.0}, {0.0, 2.0}};
+  FirstOrderCostModel m({.cpu_rate = 1, .device_rate = 1, .h2d_bandwidth = 1e9, .d2h_bandwidth = 1e9}, 1.0);
+  m.refine(t);
+  CHECK(m.profile().h2d_bandwidth == doctest::Approx(1e9));
 }
 
 TEST_CASE("the automatic stride is the best predicted k, or all-CPU") {

@@ -81,18 +81,24 @@ TEST_CASE("events order one stream after another, and the host after a stream") 
   CHECK(std::isnan(racy[0]));  // the emulator made the race visible
 }
 
-TEST_CASE("events record the latest generation, as CUDA's do") {
-  EmulatedDeviceBackend b;
+TEST_CASE("events refer to their latest record, as CUDA's do") {
+  EmulatedDeviceBackend b({}, {.h2d_bandwidth = 1e6});  // 20 KB take 20 ms
+  DeviceBuffer<emulated::DeviceMemory> buf(20'000, b.device_memory());
+  std::vector<float> host(5'000, 4.0f), seen(5'000);
   auto s = b.make_stream();
-  auto e = b.make_event(), f = b.make_event();
+  auto e = b.make_event();
   b.synchronize(e);  // never recorded: completes at once, as cudaEventSynchronize does
   b.record(e, s);
+  b.synchronize(e);
+  b.copy_h2d(buf.data(), host.data(), 20'000, s);  // lands when it completes, 20 ms later
+  b.record(e, s);                                  // the same event, recorded again
+  b.synchronize(e);                                // must wait for the copy, not the first record
+  std::memcpy(seen.data(), buf.data(), 20'000);    // emulated device memory is host memory
+  CHECK(seen == host);
+  auto f = b.make_event();
   b.record(f, s);
   b.synchronize(f);
   CHECK(b.elapsed(e, f) >= 0);
-  b.record(e, s);  // re-recorded: waits refer to the new record
-  b.synchronize(e);
-  CHECK(b.elapsed(f, e) >= 0);
 }
 
 TEST_CASE("throttled copies take at least bytes / bandwidth, and h2d shares its link with pushes") {

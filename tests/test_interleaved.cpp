@@ -87,12 +87,18 @@ TEST_CASE("trap 5.1: 16-bit formats are never reinterpreted as each other") {
   compare_trajectories(specs, {.kind = PolicyKind::fixed_stride, .stride = 1}, 256, 2, 20);
 }
 
-TEST_CASE("trap 5.2: the last device subgroup is written back when the count is divisible by k") {
-  for (std::uint32_t k = 1; k <= 4; ++k) {
+TEST_CASE("trap 5.2: the last subgroup is written back when it is a device subgroup with nothing after it") {
+  // Device subgroups are 0, k, 2k, ...: with 4k + 1 subgroups the last one is a device
+  // subgroup that no CPU subgroup follows, the case the authors' code lost.
+  for (std::uint32_t k = 1; k <= 6; ++k) {
     CAPTURE(k);
-    const auto specs = test::one_per_subgroup(4 * k, 128, k);  // divisible by k, ends on a CPU subgroup unless k = 1
-    const auto reports = compare_trajectories(specs, {.kind = PolicyKind::fixed_stride, .stride = k}, 128, 2, 5, 4 * k);
-    CHECK(reports.back().device_subgroups == 4);
+    const std::size_t count = 4 * k + 1;
+    const auto specs = test::one_per_subgroup(count, 128, k);
+    for (std::size_t slots : {1u, 2u}) {
+      const auto reports =
+          compare_trajectories(specs, {.kind = PolicyKind::fixed_stride, .stride = k}, 128, slots, 5, count);
+      CHECK(reports.back().device_subgroups == 5);
+    }
   }
 }
 
@@ -167,7 +173,7 @@ TEST_CASE("plans use at most the budget's slots, and the pool reports its peak")
   CHECK(opt.staging_pool().in_use == 0);
 }
 
-TEST_CASE("bad input: invalid policies and views are rejected and change nothing") {
+TEST_CASE("bad input: invalid policies are rejected with messages that name them") {
   const auto specs = test::one_per_subgroup(4, 128, 2);
   MixedModel device(specs, two_groups);
   CHECK_THROWS_WITH_AS(DeviceOptimizer(device.groups(), device_options({.kind = PolicyKind::fixed_stride, .stride = 0}, 128)),
@@ -175,18 +181,15 @@ TEST_CASE("bad input: invalid policies and views are rejected and change nothing
   CHECK_THROWS_WITH_AS(
       DeviceOptimizer(device.groups(), device_options({.kind = PolicyKind::static_fraction, .fraction = 1.5}, 128)),
       "dos: policy fraction must be in [0, 1], got 1.5", std::invalid_argument);
-
   DeviceOptimizer opt(device.groups(), device_options({.kind = PolicyKind::fixed_stride, .stride = 2}, 128));
-  device.set_gradients(1);
-  opt.step();
-  const auto before = all_state(opt);
-  const auto values = device.value_bytes();
-  CHECK_THROWS_AS(opt.set_policy({.kind = PolicyKind::static_fraction}), std::invalid_argument);
-  CHECK_THROWS_AS(opt.set_policy({.kind = PolicyKind::automatic_stride, .max_stride = 0}), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(opt.set_policy({.kind = PolicyKind::static_fraction}),
+                       "dos: the static_fraction policy fixes residency at construction; it cannot be switched to, "
+                       "from or resized (was fixed_stride, asked for static_fraction)",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(opt.set_policy({.kind = PolicyKind::automatic_stride, .max_stride = 0}),
+                       "dos: policy max_stride must be >= 1, got 0", std::invalid_argument);
   CHECK(opt.policy().kind == PolicyKind::fixed_stride);
-
-  CHECK(same_bits(before, all_state(opt)));
-  CHECK(values == device.value_bytes());
+  CHECK(opt.policy().stride == 2);
 }
 
 namespace {
@@ -308,4 +311,93 @@ TEST_CASE("every step leaves a timeline: one measured and one predicted entry pe
   const std::string trace = chrome_trace(t);
   CHECK(trace.find("\"predicted") != std::string::npos);
   CHECK(trace.find("\"measured") != std::string::npos);
+}
+
+TEST_CASE("resident subgroups keep edits the framework makes to fp32 host values, like every other path") {
+  // The fp32 host value is the master on every path; a resident subgroup uploads it.
+  std::vector<float> value(64, 1.0f), grad(64, 0.0f);
+  for (const Policy& policy : {Policy{.kind = PolicyKind::static_fraction, .fraction = 1.0},
+                               Policy{.kind = PolicyKind::fixed_stride, .stride = 1}, Policy{.kind = PolicyKind::all_cpu}}) {
+    CAPTURE(policy_name(policy.kind));
+    std::fill(value.begin(), value.end(), 1.0f);
+    std::vector<HostParam<float>> params{{value, grad}};
+    DeviceOptimizer opt(params, Adam{}, device_options(policy, 64));
+    opt.step();
+    std::fill(value.begin(), value.end(), 5.0f);  // e.g. a weight the framework re-initialised
+    opt.step();  // a zero gradient leaves the value as it is
+    CHECK(value[0] == 5.0f);
+    CHECK(value[63] == 5.0f);
+  }
+}
+
+namespace {
+// A parameter whose storage the framework may move between calls.
+struct Relocatable {
+  float* const* value;
+  const float* grad;
+  std::size_t numel;
+};
+}  // namespace
+template <>
+struct dos::tensor_traits<Relocatable> {
+  static TensorView value(const Relocatable& p) { return {*p.value, p.numel, DType::f32, Device::host}; }
+  static ConstTensorView grad(const Relocatable& p) { return {p.grad, p.numel, DType::f32, Device::host}; }
+};
+
+TEST_CASE("write_state on a resident subgroup follows a value the framework moved") {
+  std::vector<float> first(64, 1.0f), second(64, 1.0f), grad(64, 0.0f);
+  float* where = first.data();
+  std::vector<Relocatable> params{{&where, grad.data(), 64}};
+  DeviceOptimizer opt(params, Adam{}, device_options({.kind = PolicyKind::static_fraction, .fraction = 1.0}, 64));
+  opt.step();
+  where = second.data();                          // the framework moved the storage
+  std::fill(first.begin(), first.end(), -7.0f);   // and reused the old buffer
+  const std::vector<float> three(64, 3.0f);
+  opt.write_state(0, StateKind::master, three);
+  CHECK(second[0] == 3.0f);
+  opt.step();  // zero gradient: the value stays what was written
+  CHECK(second[0] == 3.0f);
+  CHECK(second[63] == 3.0f);
+  CHECK(first[0] == -7.0f);  // the old buffer is not read or written
+}
+
+namespace {
+// bf16 values with fp32 gradients, as with fp32 gradient accumulation.
+struct Bf16WithFp32Grad {
+  bf16* value;
+  const float* grad;
+  std::size_t numel;
+};
+}  // namespace
+template <>
+struct dos::tensor_traits<Bf16WithFp32Grad> {
+  static TensorView value(const Bf16WithFp32Grad& p) { return {p.value, p.numel, DType::bf16, Device::host}; }
+  static ConstTensorView grad(const Bf16WithFp32Grad& p) { return {p.grad, p.numel, DType::f32, Device::host}; }
+};
+
+TEST_CASE("bytes moved count each gradient at its own type") {
+  constexpr std::size_t n = 1024;
+  std::vector<bf16> value(n, bf16(0.5f));
+  std::vector<float> grad(n, 0.25f);
+  std::vector<Bf16WithFp32Grad> params{{value.data(), grad.data(), n}};
+  DeviceOptimizer opt(params, Adam{}, device_options({.kind = PolicyKind::fixed_stride, .stride = 1}, n));
+  const StepReport r = opt.step();
+  // Up: m, v, master (12 B) and the fp32 gradient (4 B); down: m, v, master and the bf16 value (2 B).
+  CHECK(opt.subgroup_shapes()[0].upload_bytes == n * 16);
+  CHECK(opt.subgroup_shapes()[0].download_bytes == n * 14);
+  CHECK(r.bytes_moved == n * 30);
+}
+
+TEST_CASE("calibration runs before the staging pool takes the free device memory") {
+  const auto specs = test::one_per_subgroup(6, 1 << 20, 4);
+  MixedModel device(specs, two_groups);
+  Options o = device_options({.kind = PolicyKind::fixed_stride, .stride = 2}, 1 << 20, 0);
+  o.interleave.profile.reset();  // measure
+  // Room for the model's slots and the calibration scratch, but not both at once.
+  InterleavedOptimizer<EmulatedDeviceBackend> opt(device.groups(), o,
+                                                  EmulatedDeviceConfig{.memory_bytes = std::size_t{80} << 20});
+  CHECK(opt.staging_pool().capacity >= 1);
+  CHECK(opt.cost_model().profile().cpu_rate > 0);
+  device.set_gradients(1);
+  CHECK(opt.step().applied);
 }

@@ -188,3 +188,22 @@ TEST_CASE("a budget below one slot falls back to the CPU and says why") {
   CHECK(p.slots == 0);
   CHECK_FALSE(find_plan_error(p).has_value());
 }
+
+TEST_CASE("the validator rejects a plan missing a copy its subgroups need") {
+  Plan p = simple_plan(2);
+  REQUIRE(p.ops.back().kind == OpKind::push_params);
+  p.ops.pop_back();  // subgroup 5 updated on the CPU, its device parameters never pushed
+  CHECK(error_of(p).find("subgroup 5 runs on the CPU but its device parameters are never pushed") != std::string::npos);
+
+  std::vector<SubgroupShape> shapes(2, SubgroupShape{.elements = 10, .slot_bytes = 160, .resident_upload_bytes = 40,
+                                                     .resident_download_bytes = 20});
+  std::vector<Place> a{Place::resident, Place::cpu};
+  make_plan(p, shapes, a, {.budget = 0, .max_slots = 2});
+  REQUIRE_FALSE(find_plan_error(p).has_value());
+  const std::uint32_t down = find(p, OpKind::download, 0);
+  p.ops.erase(p.ops.begin() + down);
+  for (Op& op : p.ops)
+    for (std::uint8_t d = 0; d < op.dep_count; ++d)
+      if (op.deps[d].op > down) --op.deps[d].op;
+  CHECK(error_of(p).find("resident subgroup 0 never writes back its host parameters") != std::string::npos);
+}

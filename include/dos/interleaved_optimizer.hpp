@@ -315,6 +315,8 @@ class InterleavedOptimizer {
   ///        Writing the master of a 16-bit parameter also rewrites its value, rounded.
   /// @throws std::invalid_argument for a bad index, a size mismatch, or vmax without amsgrad.
   void write_state(std::size_t param, StateKind kind, std::span<const float> in) {
+    if constexpr (interleaved)
+      if (device_) refresh_value_views();  // a resident push copies fp32 values from where they are now
     for_each_state_piece(param, kind, in.size(), [&](float* state, const TensorView& v, std::size_t off,
                                                      std::size_t n, std::uint32_t subgroup) {
       if constexpr (interleaved) pull_resident(subgroup);  // the shadow must be current before a partial write
@@ -633,6 +635,8 @@ class InterleavedOptimizer {
     requires interleaved
   {
     const InterleaveOptions& opt = options_.interleave;
+    // Measure first: calibration borrows device memory the pool may take next.
+    dev_.model = Model(opt.profile ? *opt.profile : calibrate(backend_));
     dev_.policy = opt.policy;
     const std::size_t n = subgroups_.size();
     dev_.io.resize(n);
@@ -665,30 +669,12 @@ class InterleavedOptimizer {
       if (host_tensor) l.grad = std::exchange(off, off + e4);
       if (host_16bit) l.value = std::exchange(off, off + sub.state_elements * 2);
       l.bytes = (off + 255) / 256 * 256;
+      dev_.shapes[s].elements = sub.numel;
+      dev_.shapes[s].slot_bytes = l.bytes;
+      dev_.shapes[s].cpu_bytes = static_cast<std::size_t>(adam_bytes_per_element) * sub.numel;
 
-      SubgroupShape& sh = dev_.shapes[s];
-      sh.elements = sub.numel;
-      sh.slot_bytes = l.bytes;
-      sh.upload_bytes = sh.download_bytes = l.state_bytes;
-      sh.cpu_bytes = static_cast<std::size_t>(adam_bytes_per_element) * sub.numel;
-      for (const Segment& seg : sub.segments) {
-        const std::size_t vs = dtype_size(params_[seg.tensor].dtype), count = seg.count;
-        if (on_device(seg.tensor)) {
-          sh.fetch_bytes += count * vs;  // gradients are assumed to share the value's type
-          sh.push_bytes += count * vs;
-        } else {
-          const std::size_t fp32_value = vs == 4 ? count * 4 : 0;
-          sh.upload_bytes += fp32_value + count * vs;
-          sh.download_bytes += count * vs;
-          sh.resident_upload_bytes += count * vs;
-          sh.resident_download_bytes += count * vs;
-        }
-      }
       const std::size_t segments = sub.segments.size();
-      io.up_state.reserve(segments + 1);
-      io.down_state.reserve(1);
-      io.up_grad.reserve(segments);
-      io.down_value.reserve(segments);
+      for (auto* list : {&io.up_state, &io.up_value, &io.up_grad, &io.down_state, &io.down_value}) list->reserve(segments + 1);
       io.fetch.reserve(segments);
       io.push.reserve(segments);
       io.launch.reserve(segments);
@@ -713,11 +699,11 @@ class InterleavedOptimizer {
     dev_.step_budget = budget;
     dev_.executor.emplace(backend_, 3 * n + 1, slots, slot_bytes);
 
-    dev_.model = Model(opt.profile ? *opt.profile : calibrate(backend_));
     dev_.assignment.reserve(n);
     for (Plan* plan : {&dev_.timeline.plan, &dev_.candidate}) {
       plan->ops.reserve(3 * n + 1);
       plan->placement.reserve(n);
+      plan->shapes.reserve(n);
       for (auto& w : plan->workspace) w.reserve(n);
     }
     dev_.timeline.predicted.reserve(3 * n + 1);
@@ -736,6 +722,7 @@ class InterleavedOptimizer {
       const std::size_t elements = subgroups_[s].state_elements;
       const AdamCoefficients<float>& k = coefficients_[subgroup_group_[s]];
       io.up_state.clear();
+      io.up_value.clear();
       io.down_state.clear();
       io.up_grad.clear();
       io.down_value.clear();
@@ -745,13 +732,17 @@ class InterleavedOptimizer {
       io.offsets.clear();
       io.up_state.push_back({0, block.memory.data(), l.state_bytes});
       io.down_state.push_back({0, block.memory.data(), l.state_bytes});
+      // What each transfer moves, from this step's types (a bf16 value may come with
+      // an fp32 gradient), for the planner and the cost model.
+      SubgroupShape& sh = dev_.shapes[s];
+      std::size_t host_grads = 0, host_fp32_values = 0, host_values = 0, device_grads = 0, device_values = 0;
       for (std::uint32_t w = block.first_segment; w < block.end_segment; ++w) {
         const Segment& seg = *segment_refs_[w].segment;
         const TensorView& v = values_[seg.tensor];
         const ConstTensorView& g = grads_[seg.tensor];
         const std::size_t vs = dtype_size(v.dtype), gs = dtype_size(g.dtype), so = seg.state_offset;
         auto* value = static_cast<std::byte*>(v.data) + seg.tensor_offset * vs;
-        const auto* grad = static_cast<const std::byte*>(g.data) + seg.tensor_offset * gs;
+        const auto* grad = with_grads ? static_cast<const std::byte*>(g.data) + seg.tensor_offset * gs : nullptr;
         DeviceSegment d;
         d.count = seg.count;
         d.value = v.dtype;
@@ -770,14 +761,20 @@ class InterleavedOptimizer {
           std::byte* mirror = io.mirror.data();
           if (with_grads) io.fetch.push_back({mirror + so * 4, grad, seg.count * gs});
           io.push.push_back({value, mirror + (elements + so) * 4, seg.count * vs});
+          device_grads += seg.count * gs;
+          device_values += seg.count * vs;
         } else {
           o.grad = l.grad + so * 4;
           if (with_grads) io.up_grad.push_back({o.grad, const_cast<std::byte*>(grad), seg.count * gs});
+          host_grads += seg.count * gs;
+          host_values += seg.count * vs;
           if (v.dtype == DType::f32) {
-            // The host value is the master: it crosses the link both ways.
+            // The host value is the master: it crosses the link both ways, also for
+            // a resident subgroup, so edits the framework makes to it are kept.
             o.param = l.master + so * 4;
-            io.up_state.push_back({o.param, value, seg.count * 4});
+            io.up_value.push_back({o.param, value, seg.count * 4});
             io.down_value.push_back({o.param, value, seg.count * 4});
+            host_fp32_values += seg.count * 4;
           } else {
             o.param = l.value + so * 2;
             o.master = l.master + so * 4;
@@ -787,7 +784,27 @@ class InterleavedOptimizer {
         io.launch.push_back(d);
         io.offsets.push_back(o);
       }
+      sh.upload_bytes = l.state_bytes + host_fp32_values + host_grads;
+      sh.download_bytes = l.state_bytes + host_values;
+      sh.resident_upload_bytes = host_fp32_values + host_grads;
+      sh.resident_download_bytes = host_values;
+      sh.fetch_bytes = device_grads;
+      sh.push_bytes = device_values;
     }
+  }
+
+  // Re-reads every value view (validated; gradients untouched) and rebuilds the copy
+  // lists from them. Throws before changing anything if a view is bad.
+  void refresh_value_views()
+    requires interleaved
+  {
+    std::vector<TensorView> fresh(params_.size());
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      fresh[i] = source_->value(i);
+      check_unchanged(i, fresh[i]);
+    }
+    values_ = std::move(fresh);
+    refresh_io(false);
   }
 
   // Resident subgroups: the device home is the truth and the host block its shadow.
@@ -804,7 +821,8 @@ class InterleavedOptimizer {
   {
     if (!device_ || dev_.residency[s] != Place::resident) return;
     auto& io = dev_.io[s];
-    for (const engine::SlotCopy& c : io.up_state) backend_.copy_h2d(io.home.data() + c.offset, c.host, c.bytes, *dev_.sync);
+    for (const auto* list : {&io.up_state, &io.up_value})
+      for (const engine::SlotCopy& c : *list) backend_.copy_h2d(io.home.data() + c.offset, c.host, c.bytes, *dev_.sync);
     backend_.synchronize(*dev_.sync);
   }
 

@@ -91,6 +91,7 @@ class PlanExecutor {
         case OpKind::upload:
           if (streamed)
             for (const SlotCopy& c : s.up_state) b_.copy_h2d(base + c.offset, c.host, c.bytes, st);
+          for (const SlotCopy& c : s.up_value) b_.copy_h2d(base + c.offset, c.host, c.bytes, st);
           for (const SlotCopy& c : s.up_grad) b_.copy_h2d(base + c.offset, c.host, c.bytes, st);
           break;
         case OpKind::device_update:

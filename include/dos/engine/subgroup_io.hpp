@@ -12,8 +12,9 @@
 /// Device side: a staging slot (or a resident home) laid out as
 ///    [m | v | vmax? | master | gradients of host tensors? | 16-bit values of host tensors?]
 /// so the state block crosses the link in one copy each way. Per segment, element e
-/// of the subgroup's state sits at `state_offset + e` in every array; gradients and
-/// values use 4 bytes per element whatever their type, so every array stays aligned.
+/// of the subgroup's state sits at `state_offset + e` in every array. Gradients of
+/// host tensors and both mirror arrays take 4 bytes per element whatever their type,
+/// the 16-bit value area 2, so every segment's arrays stay 64-byte aligned.
 
 #include "dos/backend/device_backend.hpp"
 #include "dos/memory/device_buffer.hpp"
@@ -66,7 +67,10 @@ struct SubgroupIo {
 
   // Refreshed before every step from the framework's views; capacity reserved at
   // construction, so refreshing allocates nothing.
-  std::vector<SlotCopy> up_state, up_grad, down_state, down_value;
+  // up_state/down_state: the host block; up_value: fp32 host values into the master
+  // area (they are the master, so they go up whenever the device updates them);
+  // up_grad: host gradients; down_value: updated host values (fp32, or 16-bit).
+  std::vector<SlotCopy> up_state, up_value, up_grad, down_state, down_value;
   std::vector<DirectCopy> fetch, push;
   std::vector<DeviceSegment> launch;
   std::vector<LaunchOffsets> offsets;

@@ -16,7 +16,9 @@
 #include <array>
 #include <concepts>
 #include <cstddef>
+#include <initializer_list>
 #include <limits>
+#include <utility>
 #include <vector>
 
 namespace dos {
@@ -141,25 +143,38 @@ class FirstOrderCostModel {
 
   /// @brief Moves each rate toward what the lanes achieved in a measured step, so
   ///        the choice adapts when, say, data-loader threads take CPU time away.
+  ///        Work is divided by the time a resource was busy (the union of its
+  ///        operations' intervals), so transfers that share a link and wait for each
+  ///        other are not counted twice.
   void refine(const StepTimeline& measured) {
-    std::array<double, lane_count> work{}, seconds{};
-    for (std::size_t i = 0; i < measured.plan.ops.size() && i < measured.measured.size(); ++i) {
-      const Op& op = measured.plan.ops[i];
-      const auto l = static_cast<std::size_t>(op.lane);
-      const bool update = op.kind == OpKind::cpu_update || op.kind == OpKind::device_update;
-      work[l] += static_cast<double>(update ? op.elements : op.bytes);
-      seconds[l] += measured.measured[i].seconds();
-    }
-    const auto learn = [&](double& rate, Lane a, Lane b) {
-      const double w = work[static_cast<std::size_t>(a)] + (a == b ? 0 : work[static_cast<std::size_t>(b)]);
-      const double s = seconds[static_cast<std::size_t>(a)] + (a == b ? 0 : seconds[static_cast<std::size_t>(b)]);
+    const auto learn = [&](double& rate, std::initializer_list<Lane> lanes) {
+      double w = 0;
+      auto& busy = work_.intervals;
+      busy.reserve(measured.plan.ops.capacity());  // once: refining every step allocates nothing
+      busy.clear();
+      for (std::size_t i = 0; i < measured.plan.ops.size() && i < measured.measured.size(); ++i) {
+        const Op& op = measured.plan.ops[i];
+        if (std::find(lanes.begin(), lanes.end(), op.lane) == lanes.end()) continue;
+        const bool update = op.kind == OpKind::cpu_update || op.kind == OpKind::device_update;
+        w += static_cast<double>(update ? op.elements : op.bytes);
+        busy.emplace_back(measured.measured[i].begin, measured.measured[i].end);
+      }
+      const double s = union_length(busy);
       if (w <= 0 || s < min_seconds) return;  // too little evidence to move a rate
       rate = rate > 0 ? (1 - learning_rate_) * rate + learning_rate_ * (w / s) : w / s;
     };
-    learn(profile_.cpu_rate, Lane::cpu, Lane::cpu);
-    learn(profile_.device_rate, Lane::device, Lane::device);
-    learn(profile_.h2d_bandwidth, Lane::h2d, Lane::push);
-    learn(profile_.d2h_bandwidth, Lane::d2h, Lane::d2h);
+    learn(profile_.cpu_rate, {Lane::cpu});
+    learn(profile_.device_rate, {Lane::device});
+    if (profile_.duplex) {
+      learn(profile_.h2d_bandwidth, {Lane::h2d, Lane::push});
+      learn(profile_.d2h_bandwidth, {Lane::d2h});
+    } else {
+      // One shared link: both directions learn its measured rate.
+      double shared = profile_.h2d_bandwidth;
+      learn(shared, {Lane::h2d, Lane::push, Lane::d2h});
+      profile_.d2h_bandwidth += shared - profile_.h2d_bandwidth;
+      profile_.h2d_bandwidth = shared;
+    }
   }
 
   /// Measurements shorter than this do not move a rate: timer noise dominates them.
@@ -167,7 +182,25 @@ class FirstOrderCostModel {
 
  private:
   // Scratch reused across predictions, so choosing k every step allocates nothing.
+  // Length of the union of intervals (sorted in place).
+  static double union_length(std::vector<std::pair<double, double>>& v) {
+    std::sort(v.begin(), v.end());
+    double total = 0, begin = 0, end = -1;
+    for (const auto& [b, e] : v) {
+      if (b > end) {
+        if (end > begin) total += end - begin;
+        begin = b;
+        end = e;
+      } else {
+        end = std::max(end, e);
+      }
+    }
+    if (end > begin) total += end - begin;
+    return total;
+  }
+
   struct Workspace {
+    std::vector<std::pair<double, double>> intervals;
     std::vector<OpTiming> timing;
     std::vector<std::uint8_t> done;
     std::array<std::vector<std::uint32_t>, lane_count> queue;

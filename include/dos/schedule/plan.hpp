@@ -106,6 +106,7 @@ struct SubgroupShape {
 struct Plan {
   std::vector<Op> ops;             ///< in issue order
   std::vector<Place> placement;    ///< per subgroup, as executed
+  std::vector<SubgroupShape> shapes;  ///< per subgroup: what it must move, so the validator can demand it
   std::size_t slot_bytes = 0;      ///< bytes of one staging slot
   std::size_t slots = 0;           ///< staging slots in use
   std::size_t budget = 0;          ///< staging bytes the plan may use

@@ -60,6 +60,7 @@ inline void make_plan(Plan& plan, std::span<const SubgroupShape> shapes, std::sp
                       const PlanLimits& limits, std::uint32_t stride = 0) {
   plan.ops.clear();
   plan.placement.assign(assignment.begin(), assignment.end());
+  plan.shapes.assign(shapes.begin(), shapes.end());
   plan.stride = stride;
   plan.budget = limits.budget;
   plan.fallback = {};

@@ -4,7 +4,9 @@
 ///
 /// It checks exactly the properties whose violation broke the authors' code
 /// (ALGORITHM.md section 5):
-///  - every subgroup is updated exactly once, where its placement says (the lost update);
+///  - every subgroup is updated exactly once, where its placement says, and every
+///    copy its shape calls for (gradient fetch, parameter push, resident transfers)
+///    is in the plan (the lost update);
 ///  - a streamed update reads a slot its upload filled, and is downloaded afterwards;
 ///  - no staging slot is refilled before the operations of its previous occupant are
 ///    complete;
@@ -118,6 +120,18 @@ inline std::optional<std::string> find_plan_error(const Plan& plan) {
 
   for (std::uint32_t s = 0; s < n_sub; ++s) {
     if (update[s] == none) return fmt::format("subgroup {} is never updated", s);
+    if (s < plan.shapes.size()) {
+      const SubgroupShape& sh = plan.shapes[s];
+      const Place place = plan.placement[s];
+      if (place == Place::cpu && sh.fetch_bytes > 0 && fetch[s] == none)
+        return fmt::format("subgroup {} runs on the CPU but its device gradients are never fetched", s);
+      if (place == Place::cpu && sh.push_bytes > 0 && push[s] == none)
+        return fmt::format("subgroup {} runs on the CPU but its device parameters are never pushed", s);
+      if (place == Place::resident && sh.resident_upload_bytes > 0 && upload[s] == none)
+        return fmt::format("resident subgroup {} never receives its host inputs", s);
+      if (place == Place::resident && sh.resident_download_bytes > 0 && download[s] == none)
+        return fmt::format("resident subgroup {} never writes back its host parameters", s);
+    }
     const Op& u = plan.ops[update[s]];
     if (plan.placement[s] == Place::cpu) {
       if (u.kind != OpKind::cpu_update) return fmt::format("subgroup {} is placed on the CPU but updated on the device", s);

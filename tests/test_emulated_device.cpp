@@ -143,16 +143,17 @@ TEST_CASE("the device Adam is the scalar CPU step, bit for bit, at any instructi
   }
 }
 
-TEST_CASE("any_nonfinite scans device memory") {
+TEST_CASE("grad_stats reduces device memory: sum of squares and non-finite flag") {
   EmulatedDeviceBackend b;
   DeviceBuffer<emulated::DeviceMemory> d(64, b.device_memory());
   std::vector<float> ok(16, 1.0f);
   auto s = b.make_stream();
   b.copy_h2d(d.data(), ok.data(), 64, s);
   b.synchronize(s);
-  CHECK_FALSE(b.any_nonfinite(d.data(), DType::f32, 16));
+  CHECK_FALSE(b.grad_stats(d.data(), DType::f32, 16).nonfinite);
+  CHECK(b.grad_stats(d.data(), DType::f32, 16).sum_squares == 16.0);
   ok[7] = std::numeric_limits<float>::infinity();
   b.copy_h2d(d.data(), ok.data(), 64, s);
   b.synchronize(s);
-  CHECK(b.any_nonfinite(d.data(), DType::f32, 16));
+  CHECK(b.grad_stats(d.data(), DType::f32, 16).nonfinite);
 }

@@ -31,10 +31,12 @@
 #include "dos/memory/host_resource.hpp"
 #include "dos/optim/adam.hpp"
 #include "dos/optim/param_group.hpp"
+#include "dos/optim/schedule.hpp"
 #include "dos/options.hpp"
 #include "dos/partition/greedy_partitioner.hpp"
 
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -100,6 +102,7 @@ struct DeviceState {
   Policy policy;
   std::size_t step_budget = 0;
   std::optional<typename B::Stream> sync;  // for construction and checkpoint copies
+  std::vector<std::uint8_t> fetched;       // per segment: its gradient was fetched during backward
 };
 
 template <class B, bool = DeviceBackend<B>>
@@ -159,10 +162,13 @@ class InterleavedOptimizer {
       groups_.push_back(groups[g].hyper);
     }
     if (flat.empty()) throw_invalid_argument("the parameter list is empty");
+    check_training_options(options);
     if constexpr (interleaved) {
       check_policy(options.interleave.policy);
       device_ = backend_.available();
     }
+    schedules_.resize(groups_.size());
+    if (options.loss_scaling) scale_ = options.loss_scaling->init_scale;
     source_ = std::make_unique<detail::ParamList<P>>(std::move(flat));
     build();
   }
@@ -176,20 +182,65 @@ class InterleavedOptimizer {
   StepReport step() {
     const auto start = std::chrono::steady_clock::now();
     refresh_views();
+    // Scheduled learning rates, all checked before any is applied.
+    for (std::size_t g = 0; g < groups_.size(); ++g)
+      if (schedules_[g]) {
+        AdamConfig c = groups_[g];
+        c.lr = schedules_[g](calls_);
+        validate(c, g);
+        scheduled_[g] = c.lr;
+      }
+    for (std::size_t g = 0; g < groups_.size(); ++g)
+      if (schedules_[g]) groups_[g].lr = scheduled_[g];
+    ++calls_;
+
     StepReport report;
     report.step = step_;
-    if (options_.nonfinite == NonFinitePolicy::skip_step && count_nonfinite(report) > 0) {
-      report.seconds = seconds_since(start);
-      return report;
+    const bool scaling = options_.loss_scaling.has_value();
+    report.loss_scale = scaling ? scale_ : 1.0;
+    const bool skip_nonfinite = scaling || options_.nonfinite == NonFinitePolicy::skip_step;
+    // The factor every gradient is multiplied by: 1 / scale (a power of two, so exact),
+    // times the clipping coefficient, as torch's unscale_ then clip_grad_norm_ do.
+    float multiplier = 1;
+    if (skip_nonfinite || options_.max_grad_norm > 0) {
+      const double sum_squares = gather_grad_stats(report);
+      if (report.nonfinite_params > 0 && skip_nonfinite) {
+        report.overflow = true;
+        if (scaling) {
+          scale_ *= options_.loss_scaling->backoff_factor;
+          growth_tracker_ = 0;
+        }
+        end_phase();
+        report.seconds = seconds_since(start);
+        return report;
+      }
+      const float inverse_scale = scaling ? static_cast<float>(1.0 / scale_) : 1.0f;
+      const float norm = static_cast<float>(std::sqrt(sum_squares) * static_cast<double>(inverse_scale));
+      report.grad_norm = norm;
+      multiplier = inverse_scale;
+      if (options_.max_grad_norm > 0) {
+        const float coef = static_cast<float>(options_.max_grad_norm) / (norm + 1e-6f);
+        const float clamped = coef < 1.0f ? coef : 1.0f;
+        report.clip_coef = clamped;
+        multiplier = inverse_scale * clamped;  // exact: inverse_scale is a power of two
+      }
     }
     const std::int64_t t = step_ + 1;
-    for (std::size_t g = 0; g < groups_.size(); ++g) coefficients_[g] = coefficients(groups_[g], t);
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      coefficients_[g] = coefficients(groups_[g], t);
+      coefficients_[g].grad_sign *= multiplier;  // +-1 times it: exact
+    }
     if (device_) {
       if constexpr (interleaved) run_plan(report);
     } else {
       backend_.cpu().run(chunks_, work_);
       if constexpr (requires { backend_.unavailable_reason(); }) report.fallback = backend_.unavailable_reason();
     }
+    if (scaling && ++growth_tracker_ == options_.loss_scaling->growth_interval) {
+      scale_ *= options_.loss_scaling->growth_factor;
+      growth_tracker_ = 0;
+    }
+    end_phase();
     step_ = t;
     report.applied = true;
     report.step = step_;
@@ -197,6 +248,82 @@ class InterleavedOptimizer {
     report.seconds = seconds_since(start);
     return report;
   }
+
+  // ---- The training loop around step() ------------------------------------------
+
+  /// @brief The factor to multiply the loss by before backward (1 without loss scaling).
+  double loss_scale() const noexcept { return options_.loss_scaling ? scale_ : 1.0; }
+
+  /// @brief Sets group @p group's learning rate from @p schedule at every `step()`
+  ///        call (see `LrSchedule`); an empty schedule turns it off.
+  /// @throws std::invalid_argument for an unknown group.
+  void set_schedule(std::size_t group, LrSchedule schedule) {
+    schedules_.at(checked_group(group)) = std::move(schedule);
+  }
+  /// @brief `step()` calls so far, skipped ones included: the index schedules see next.
+  std::int64_t schedule_index() const noexcept { return calls_; }
+
+  /// @brief Backward is about to start. With a device backend the coming update's
+  ///        plan is chosen now, so `grad_ready` can start gradient transfers while
+  ///        backward goes on. Optional: `step()` works without it.
+  void begin_backward() {
+    std::fill(ready_.begin(), ready_.end(), std::uint8_t{0});
+    ready_count_ = 0;
+    if constexpr (interleaved)
+      if (device_) plan_ahead();
+  }
+
+  /// @brief Parameter @p param's gradient is final for this backward pass. Its norm
+  ///        contribution and overflow check are taken now (one read, overlapping the
+  ///        rest of backward); with a device backend, if its subgroup is planned for
+  ///        the CPU, its device gradient starts its copy to pinned host memory now.
+  /// @throws std::invalid_argument for a bad index or view; nothing changes then.
+  void grad_ready(std::size_t param) {
+    if (param >= params_.size()) throw_invalid_argument("parameter {} does not exist (there are {})", param, params_.size());
+    const TensorView v = source_->value(param);
+    const ConstTensorView g = source_->grad(param);
+    check_unchanged(param, v);
+    check_grad(param, v, g);
+    if (micro_batches_ == 0) {
+      param_stats_[param] = param_grad_stats(param, g);
+      if (ready_[param] == 0) ++ready_count_;
+      ready_[param] = 1;
+    }
+    if constexpr (interleaved)
+      if (device_ && planned_ && on_device(param) && micro_batches_ == 0) fetch_early(param, g);
+  }
+
+  /// @brief Adds every parameter's current gradient into an fp32 host accumulator (one
+  ///        micro-batch done); the next `step()` updates from the sum, then clears it.
+  ///        Scale each micro-batch's loss as torch users do (by 1 / micro-batches).
+  /// @throws std::invalid_argument for a bad view, or a gradient on a device; nothing
+  ///         is accumulated then.
+  void accumulate() {
+    std::vector<ConstTensorView> g(params_.size());
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const TensorView v = source_->value(i);
+      g[i] = source_->grad(i);
+      check_unchanged(i, v);
+      check_grad(i, v, g[i]);
+      if (g[i].device != Device::host)
+        throw_invalid_argument("parameter {}: accumulate() sums gradients on the host, but this one is on the device; "
+                               "accumulate device gradients in the framework", i);
+    }
+    if (accum_.empty())
+      for (const ParamRecord& r : params_) accum_.emplace_back(r.numel);
+    auto body = [&](std::size_t c) {
+      const cpu::Chunk& chunk = chunks_[c];
+      const Segment& seg = *segment_refs_[chunk.segment].segment;
+      float* out = accum_[seg.tensor].data() + seg.tensor_offset;
+      const ConstTensorView& gv = g[seg.tensor];
+      const TensorView as_value{const_cast<void*>(gv.data), gv.numel, gv.dtype, Device::host};
+      for (std::size_t e = chunk.begin; e < chunk.end; ++e) out[e] += load_value(as_value, seg.tensor_offset + e);
+    };
+    backend_.cpu().pool().parallel_for(chunks_.size(), body);
+    ++micro_batches_;
+  }
+  /// @brief Micro-batches accumulated since the last step.
+  std::int64_t micro_batches() const noexcept { return micro_batches_; }
 
   /// @brief Steps taken so far (skipped steps excluded).
   std::int64_t step_count() const noexcept { return step_; }
@@ -483,8 +610,17 @@ class InterleavedOptimizer {
     coefficients_.resize(groups_.size());
     for (std::size_t k = 0; k < work_.size(); ++k)
       work_[k].coefficients = &coefficients_[subgroup_group_[segment_refs_[k].subgroup]];
-    chunk_flags_.resize(chunks_.size());
-    param_flags_.resize(n);
+    chunk_stats_.resize(chunks_.size());
+    param_stats_.resize(n);
+    ready_.assign(n, 0);
+    scheduled_.resize(groups_.size());
+    // Each parameter's chunks, in chunk order.
+    param_chunks_begin_.assign(n + 1, 0);
+    for (const cpu::Chunk& c : chunks_) ++param_chunks_begin_[segment_refs_[c.segment].segment->tensor + 1];
+    for (std::size_t p = 0; p < n; ++p) param_chunks_begin_[p + 1] += param_chunks_begin_[p];
+    param_chunks_.resize(chunks_.size());
+    std::vector<std::uint32_t> next(param_chunks_begin_.begin(), param_chunks_begin_.end() - 1);
+    for (std::uint32_t c = 0; c < chunks_.size(); ++c) param_chunks_[next[segment_refs_[chunks_[c].segment].segment->tensor]++] = c;
     if constexpr (interleaved)
       if (device_) build_device();
   }
@@ -552,7 +688,10 @@ class InterleavedOptimizer {
     const std::size_t n = params_.size();
     for (std::size_t i = 0; i < n; ++i) {
       const TensorView v = source_->value(i);
-      const ConstTensorView g = source_->grad(i);
+      // After accumulate(), the update reads the fp32 sums, not the framework's gradients.
+      const ConstTensorView g = micro_batches_ > 0
+                                    ? ConstTensorView{accum_[i].data(), params_[i].numel, DType::f32, Device::host}
+                                    : source_->grad(i);
       check_unchanged(i, v);
       check_grad(i, v, g);
       // Scratch only: the segment table below is not touched until every view passed.
@@ -581,24 +720,78 @@ class InterleavedOptimizer {
     }
   }
 
-  std::size_t count_nonfinite(StepReport& report) {
-    backend_.cpu().scan_nonfinite(chunks_, work_, chunk_flags_);
-    std::fill(param_flags_.begin(), param_flags_.end(), std::uint8_t{0});
-    for (std::size_t c = 0; c < chunks_.size(); ++c) {
-      const std::uint32_t p = segment_refs_[chunks_[c].segment].segment->tensor;
-      if (chunk_flags_[c] != 0 && !on_device(p)) param_flags_[p] = 1;
+  // The fused gradient pass of one parameter, grouped by its chunks so the sum is the
+  // same whether it is taken in grad_ready() or in step().
+  GradStats param_grad_stats(std::size_t p, const ConstTensorView& g) {
+    if (on_device(p)) {
+      if constexpr (interleaved) return backend_.grad_stats(g.data, g.dtype, g.numel);
     }
-    if constexpr (interleaved) {
-      // Device gradients are scanned where they are; the mirror is not fetched yet.
-      for (std::size_t p = 0; p < params_.size(); ++p)
-        if (on_device(p) && backend_.any_nonfinite(grads_[p].data, grads_[p].dtype, grads_[p].numel)) param_flags_[p] = 1;
+    GradStats total;
+    for (std::uint32_t k = param_chunks_begin_[p]; k < param_chunks_begin_[p + 1]; ++k) {
+      const cpu::Chunk& c = chunks_[param_chunks_[k]];
+      const Segment& seg = *segment_refs_[c.segment].segment;
+      const GradStats s = cpu::grad_stats(g.data, g.dtype, seg.tensor_offset + c.begin, seg.tensor_offset + c.end);
+      total.sum_squares += s.sum_squares;
+      total.nonfinite |= s.nonfinite;
     }
-    for (std::size_t p = 0; p < param_flags_.size(); ++p)
-      if (param_flags_[p] != 0) {
+    return total;
+  }
+
+  // Norm and overflow over every gradient: those reported by grad_ready() are reused,
+  // the others are read now in one parallel pass. Returns the sum of squares.
+  double gather_grad_stats(StepReport& report) {
+    const bool reuse = micro_batches_ == 0;
+    if (!reuse || ready_count_ < params_.size()) {
+      backend_.cpu().grad_stats(chunks_, work_, chunk_stats_);
+      for (std::size_t p = 0; p < params_.size(); ++p) {
+        if (reuse && ready_[p] != 0) continue;
+        if (on_device(p)) {
+          if constexpr (interleaved) param_stats_[p] = backend_.grad_stats(grads_[p].data, grads_[p].dtype, grads_[p].numel);
+          continue;
+        }
+        GradStats total;
+        for (std::uint32_t k = param_chunks_begin_[p]; k < param_chunks_begin_[p + 1]; ++k) {
+          total.sum_squares += chunk_stats_[param_chunks_[k]].sum_squares;
+          total.nonfinite |= chunk_stats_[param_chunks_[k]].nonfinite;
+        }
+        param_stats_[p] = total;
+      }
+    }
+    double sum = 0;
+    for (std::size_t p = 0; p < params_.size(); ++p) {
+      sum += param_stats_[p].sum_squares;
+      if (param_stats_[p].nonfinite) {
         ++report.nonfinite_params;
         report.first_nonfinite_param = std::min(report.first_nonfinite_param, p);
       }
-    return report.nonfinite_params;
+    }
+    return sum;
+  }
+
+  // After a step, applied or skipped: the backward phase and the accumulation are over.
+  void end_phase() {
+    std::fill(ready_.begin(), ready_.end(), std::uint8_t{0});
+    ready_count_ = 0;
+    if (micro_batches_ > 0) {
+      for (auto& a : accum_) std::fill_n(a.data(), a.size(), 0.0f);
+      micro_batches_ = 0;
+    }
+    planned_ = false;
+  }
+
+  static void check_training_options(const Options& o) {
+    if (!detail::finite_bits(o.max_grad_norm) || o.max_grad_norm < 0)
+      throw_invalid_argument("max_grad_norm must be finite and >= 0, got {}", o.max_grad_norm);
+    if (const auto& ls = o.loss_scaling) {
+      if (!detail::finite_bits(ls->init_scale) || ls->init_scale <= 0)
+        throw_invalid_argument("loss_scaling.init_scale must be finite and > 0, got {}", ls->init_scale);
+      if (!detail::finite_bits(ls->growth_factor) || ls->growth_factor < 1)
+        throw_invalid_argument("loss_scaling.growth_factor must be finite and >= 1, got {}", ls->growth_factor);
+      if (!detail::finite_bits(ls->backoff_factor) || ls->backoff_factor <= 0 || ls->backoff_factor >= 1)
+        throw_invalid_argument("loss_scaling.backoff_factor must be in (0, 1), got {}", ls->backoff_factor);
+      if (ls->growth_interval < 1)
+        throw_invalid_argument("loss_scaling.growth_interval must be >= 1, got {}", ls->growth_interval);
+    }
   }
 
   // Calls f(state, value, offset within the parameter, count, subgroup) for each
@@ -700,6 +893,7 @@ class InterleavedOptimizer {
     dev_.executor.emplace(backend_, 3 * n + 1, slots, slot_bytes);
 
     dev_.assignment.reserve(n);
+    dev_.fetched.assign(segment_refs_.size(), 0);
     for (Plan* plan : {&dev_.timeline.plan, &dev_.candidate}) {
       plan->ops.reserve(3 * n + 1);
       plan->placement.reserve(n);
@@ -759,7 +953,7 @@ class InterleavedOptimizer {
           d.args.grad = grad;
           o.master = l.master + so * 4;
           std::byte* mirror = io.mirror.data();
-          if (with_grads) io.fetch.push_back({mirror + so * 4, grad, seg.count * gs});
+          if (with_grads && dev_.fetched[w] == 0) io.fetch.push_back({mirror + so * 4, grad, seg.count * gs});
           io.push.push_back({value, mirror + (elements + so) * 4, seg.count * vs});
           device_grads += seg.count * gs;
           device_values += seg.count * vs;
@@ -826,14 +1020,48 @@ class InterleavedOptimizer {
     backend_.synchronize(*dev_.sync);
   }
 
+  PlanLimits plan_limits() const
+    requires interleaved
+  {
+    return {std::min(dev_.step_budget, dev_.executor->slots() * dev_.executor->slot_bytes()), dev_.executor->slots()};
+  }
+
+  // begin_backward(): choose the coming step's plan now, from the last known shapes.
+  void plan_ahead()
+    requires interleaved
+  {
+    std::fill(dev_.fetched.begin(), dev_.fetched.end(), std::uint8_t{0});
+    choose_plan(dev_.timeline.plan, dev_.candidate, dev_.assignment, dev_.shapes, dev_.residency, dev_.policy,
+                plan_limits(), dev_.model);
+    planned_ = true;
+  }
+
+  // grad_ready() of a device tensor: the segments whose subgroups the plan puts on the
+  // CPU copy their gradients to the pinned mirror now, on the d2h stream, ahead of the
+  // plan's fetch op (which then only records its event after them).
+  void fetch_early(std::size_t param, const ConstTensorView& g)
+    requires interleaved
+  {
+    const std::size_t gs = dtype_size(g.dtype);
+    for (std::size_t k = 0; k < segment_refs_.size(); ++k) {
+      const Segment& seg = *segment_refs_[k].segment;
+      const std::uint32_t s = segment_refs_[k].subgroup;
+      if (seg.tensor != param || dev_.timeline.plan.placement[s] != Place::cpu || dev_.fetched[k] != 0) continue;
+      std::byte* mirror = dev_.io[s].mirror.data();
+      backend_.copy_d2h(mirror + seg.state_offset * 4, static_cast<const std::byte*>(g.data) + seg.tensor_offset * gs,
+                        seg.count * gs, dev_.executor->stream(Lane::d2h));
+      dev_.fetched[k] = 1;
+    }
+  }
+
   void run_plan(StepReport& report)
     requires interleaved
   {
     refresh_io(true);
-    const auto limits = PlanLimits{std::min(dev_.step_budget, dev_.executor->slots() * dev_.executor->slot_bytes()),
-                                   dev_.executor->slots()};
+    const PlanLimits limits = plan_limits();
     StepTimeline& t = dev_.timeline;
-    choose_plan(t.plan, dev_.candidate, dev_.assignment, dev_.shapes, dev_.residency, dev_.policy, limits, dev_.model);
+    if (!planned_)
+      choose_plan(t.plan, dev_.candidate, dev_.assignment, dev_.shapes, dev_.residency, dev_.policy, limits, dev_.model);
     t.predicted_seconds = dev_.model.predict(t.plan, &t.predicted);
     if (options_.interleave.validate_plans) validate_plan(t.plan);
     const auto start = std::chrono::steady_clock::now();
@@ -845,6 +1073,7 @@ class InterleavedOptimizer {
         },
         t.measured);
     t.measured_seconds = seconds_since(start);
+    std::fill(dev_.fetched.begin(), dev_.fetched.end(), std::uint8_t{0});
     t.step = step_ + 1;
     t.policy = policy_name(dev_.policy.kind);
     if (options_.interleave.refine) dev_.model.refine(t);
@@ -874,8 +1103,19 @@ class InterleavedOptimizer {
   std::vector<cpu::SegmentWork> work_;
   std::vector<cpu::Chunk> chunks_;
   std::vector<AdamCoefficients<float>> coefficients_;
-  std::vector<std::uint8_t> chunk_flags_;
-  std::vector<std::uint8_t> param_flags_;
+  std::vector<GradStats> chunk_stats_;
+  std::vector<GradStats> param_stats_;
+  std::vector<std::uint32_t> param_chunks_begin_, param_chunks_;  // chunks of each parameter
+  std::vector<std::uint8_t> ready_;   // grad_ready() seen this backward
+  std::size_t ready_count_ = 0;
+  std::vector<LrSchedule> schedules_;
+  std::vector<double> scheduled_;
+  std::int64_t calls_ = 0;            // step() calls, skipped included
+  double scale_ = 1;                  // the loss scale
+  std::int64_t growth_tracker_ = 0;   // clean steps since the scale last changed
+  std::vector<HostBuffer<float>> accum_;
+  std::int64_t micro_batches_ = 0;
+  bool planned_ = false;              // begin_backward() chose this step's plan
   std::size_t total_elements_ = 0;
   std::int64_t step_ = 0;
   bool device_ = false;  // a device backend with a usable device

@@ -32,7 +32,7 @@ struct InterleaveOptions {
   /// Staging slots at most: 2 is double buffering; 0 lets the budget decide.
   std::size_t staging_slots = 2;
   /// The machine's profile; when absent, `calibrate()` measures it at construction.
-  std::optional<HardwareProfile> profile;
+  std::optional<HardwareProfile> profile{};
   /// Refine the profile from every measured step.
   bool refine = true;
   /// Check every plan with `validate_plan` before running it.
@@ -41,6 +41,17 @@ struct InterleaveOptions {
 #else
   bool validate_plans = true;
 #endif
+};
+
+/// @brief Dynamic loss scaling for fp16 training, as torch's GradScaler: multiply the
+///        loss by `InterleavedOptimizer::loss_scale()` before backward; `step()`
+///        unscales, skips the step on overflow (inf/NaN gradients) and backs the scale
+///        off, and grows it after `growth_interval` clean steps.
+struct LossScaling {
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  std::int64_t growth_interval = 2000;
 };
 
 /// @brief Construction options shared by every backend.
@@ -56,6 +67,10 @@ struct Options {
   SimdLevel simd = SimdLevel::automatic;
   /// Back large state blocks with transparent huge pages.
   bool huge_pages = true;
+  /// Global-norm gradient clipping (L2), as torch.nn.utils.clip_grad_norm_; 0 turns it off.
+  double max_grad_norm = 0;
+  /// Dynamic loss scaling; implies skipping steps whose gradients overflow.
+  std::optional<LossScaling> loss_scaling{};
   /// The CPU/device split, for device backends.
   InterleaveOptions interleave{};
 };
@@ -70,6 +85,10 @@ struct StepReport {
   std::size_t nonfinite_params = 0;  ///< parameters with a non-finite gradient (skip_step only)
   std::size_t first_nonfinite_param = none;
   double seconds = 0;                ///< wall time of the call
+  bool overflow = false;             ///< skipped because a gradient held an inf or a NaN
+  double grad_norm = -1;             ///< global L2 norm of the (unscaled) gradients; -1 if not computed
+  double clip_coef = 1;              ///< the factor the gradients were multiplied by (clipping)
+  double loss_scale = 1;             ///< the loss scale this step's gradients carried
 
   // Device backends only:
   std::string_view policy;           ///< the assignment policy in use

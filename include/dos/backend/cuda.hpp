@@ -232,9 +232,9 @@ class CudaBackend {
     cuda::check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
     return free > config_.reserve_bytes ? free - config_.reserve_bytes : 0;
   }
-  bool any_nonfinite(const void* device_data, DType dtype, std::size_t count) {
-    if (count == 0 || !scan_) return false;
-    return cuda::grad_stats(device_data, dtype, count, scan_->get()).nonfinite;
+  GradStats grad_stats(const void* device_data, DType dtype, std::size_t count) {
+    if (count == 0 || !scan_) return {};
+    return cuda::grad_stats(device_data, dtype, count, scan_->get());
   }
 
  private:

@@ -56,7 +56,7 @@ concept DeviceBackend = requires(B& b, const B& cb, typename B::Stream& s, typen
   b.synchronize(s);               ///< the host waits for everything issued to the stream
   { cb.elapsed(ce, ce) } -> std::convertible_to<double>;  ///< seconds between two completed events
   { cb.staging_bytes_available() } -> std::convertible_to<std::size_t>;
-  { b.any_nonfinite(src, dtype, count) } -> std::same_as<bool>;  ///< any inf/NaN in device memory; blocks
+  { b.grad_stats(src, dtype, count) } -> std::same_as<GradStats>;  ///< of device memory; blocks
 };
 
 }  // namespace dos

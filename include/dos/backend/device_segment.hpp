@@ -22,4 +22,11 @@ struct DeviceSegment {
   AdamCoefficients<float> coefficients{};
 };
 
+/// @brief A fused pass over a gradient: its sum of squares, in double, and whether it
+///        holds an inf or a NaN. Global-norm clipping and the overflow check need both.
+struct GradStats {
+  double sum_squares = 0;
+  bool nonfinite = false;
+};
+
 }  // namespace dos

@@ -330,8 +330,8 @@ class EmulatedDeviceBackend {
     const std::size_t used = device_.used() + config_.reserve_bytes;
     return used >= device_.capacity() ? 0 : device_.capacity() - used;
   }
-  bool any_nonfinite(const void* device_data, DType dtype, std::size_t count) {
-    return cpu::any_nonfinite(device_data, dtype, 0, count);
+  GradStats grad_stats(const void* device_data, DType dtype, std::size_t count) {
+    return cpu::grad_stats(device_data, dtype, 0, count);
   }
 
  private:

@@ -8,6 +8,7 @@
 /// no flush-to-zero, no denormals-are-zero): a consumer linked with -ffast-math sets
 /// FTZ/DAZ for the whole process, and the results must not change with it.
 
+#include "dos/backend/device_segment.hpp"
 #include "dos/core/tensor.hpp"
 #include "dos/cpu/kernel.hpp"
 #include "dos/cpu/simd.hpp"
@@ -72,16 +73,38 @@ bool any_nonfinite(const void* data, std::size_t begin, std::size_t end, Bits ex
 
 }  // namespace detail
 
-/// @brief Whether elements [begin, end) of a gradient hold an inf or a NaN. Tests the
-///        exponent bits, so it still works when the consumer compiles with
-///        -ffinite-math-only (where `std::isfinite` may fold to true).
-inline bool any_nonfinite(const void* data, DType dtype, std::size_t begin, std::size_t end) noexcept {
-  switch (dtype) {
-    case DType::f32: return detail::any_nonfinite<std::uint32_t>(data, begin, end, 0x7F800000u);
-    case DType::bf16: return detail::any_nonfinite<std::uint16_t>(data, begin, end, std::uint16_t{0x7F80});
-    case DType::f16: return detail::any_nonfinite<std::uint16_t>(data, begin, end, std::uint16_t{0x7C00});
+namespace detail {
+template <class T>
+GradStats stats_of(const T* p, std::size_t begin, std::size_t end) noexcept {
+  double sum = 0;
+  for (std::size_t i = begin; i < end; ++i) {
+    const double x = static_cast<float>(p[i]);
+    sum += x * x;
   }
-  return false;
+  return {sum, false};
+}
+}  // namespace detail
+
+/// @brief Sum of squares (in double, in element order) and the non-finite flag of
+///        elements [begin, end) of a gradient. The flag tests the exponent bits, so it
+///        still works when the consumer compiles with -ffinite-math-only.
+inline GradStats grad_stats(const void* data, DType dtype, std::size_t begin, std::size_t end) noexcept {
+  GradStats s;
+  switch (dtype) {
+    case DType::f32:
+      s = detail::stats_of(static_cast<const float*>(data), begin, end);
+      s.nonfinite = detail::any_nonfinite<std::uint32_t>(data, begin, end, 0x7F800000u);
+      break;
+    case DType::bf16:
+      s = detail::stats_of(static_cast<const bf16*>(data), begin, end);
+      s.nonfinite = detail::any_nonfinite<std::uint16_t>(data, begin, end, std::uint16_t{0x7F80});
+      break;
+    case DType::f16:
+      s = detail::stats_of(static_cast<const fp16*>(data), begin, end);
+      s.nonfinite = detail::any_nonfinite<std::uint16_t>(data, begin, end, std::uint16_t{0x7C00});
+      break;
+  }
+  return s;
 }
 
 /// @brief Runs Adam on the CPU, multi-threaded and vectorised.
@@ -112,13 +135,13 @@ class CpuAdamExecutor {
     pool_.parallel_for(chunks.size(), body);
   }
 
-  /// @brief Scans gradients for inf/NaN; `found[i]` is set for chunk i.
-  void scan_nonfinite(std::span<const Chunk> chunks, std::span<const SegmentWork> segments,
-                      std::span<std::uint8_t> found) {
+  /// @brief The fused gradient pass: `out[i]` gets chunk i's sum of squares and
+  ///        non-finite flag.
+  void grad_stats(std::span<const Chunk> chunks, std::span<const SegmentWork> segments, std::span<GradStats> out) {
     auto body = [&](std::size_t i) {
       const Chunk& c = chunks[i];
       const SegmentWork& s = segments[c.segment];
-      found[i] = any_nonfinite(s.args.grad, s.grad_dtype, c.begin, c.end) ? 1 : 0;
+      out[i] = cpu::grad_stats(s.args.grad, s.grad_dtype, c.begin, c.end);
     };
     pool_.parallel_for(chunks.size(), body);
   }

@@ -22,11 +22,6 @@ inline constexpr std::size_t segments_per_launch = 16;
 ///        `segments_per_launch` segments, on @p stream. Returns at once.
 void launch_adam(std::span<const DeviceSegment> segments, cudaStream_t stream);
 
-/// @brief Sum of squares (in double) and a non-finite flag of a device array.
-struct GradStats {
-  double sum_squares = 0;
-  bool nonfinite = false;
-};
 /// @brief One fused reduction (Thrust on @p stream) over @p count elements; blocks.
 GradStats grad_stats(const void* data, DType dtype, std::size_t count, cudaStream_t stream);
 

@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(cmake make g++ libfmt-dev doctest-dev libbenchmark-dev)
+# libtorch-dev: the torch adapter's tests and train_gpt (skipped where absent).
+packages=(cmake make g++ libfmt-dev doctest-dev libbenchmark-dev libtorch-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

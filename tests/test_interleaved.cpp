@@ -401,3 +401,35 @@ TEST_CASE("calibration runs before the staging pool takes the free device memory
   device.set_gradients(1);
   CHECK(opt.step().applied);
 }
+
+TEST_CASE("clipping and the backward-phase API give the all-CPU backend's bits, with device gradients") {
+  const auto specs = test::one_per_subgroup(9, 256, 31);
+  for (const Policy& policy : {Policy{.kind = PolicyKind::fixed_stride, .stride = 3}, Policy{.kind = PolicyKind::automatic_stride},
+                               Policy{.kind = PolicyKind::static_fraction, .fraction = 0.3}}) {
+    CAPTURE(policy_name(policy.kind));
+    const auto clipped = compare_trajectories(specs, policy, 256, 2, 20, 9, {.max_grad_norm = 0.05});
+    CHECK(clipped.front().clip_coef < 1);
+    const auto early = compare_trajectories(specs, policy, 256, 2, 20, 9, {.max_grad_norm = 0.05, .backward_api = true});
+    for (std::size_t i = 0; i < early.size(); ++i) CHECK(early[i].grad_norm == clipped[i].grad_norm);
+  }
+}
+
+TEST_CASE("grad_ready() starts device-gradient copies for CPU subgroups during backward") {
+  const auto specs = test::one_per_subgroup(6, 256, 12);
+  MixedModel device(specs, two_groups);
+  DeviceOptimizer opt(device.groups(), device_options({.kind = PolicyKind::fixed_stride, .stride = 2}, 256));
+  opt.begin_backward();
+  device.set_gradients(1);
+  for (std::size_t p = opt.num_params(); p-- > 0;) opt.grad_ready(p);
+  const StepReport r = opt.step();
+  std::size_t expected = 0;
+  const auto order = device.optimizer_order();
+  for (std::size_t s = 0; s < opt.subgroups().size(); ++s)
+    if (opt.timeline().plan.placement[s] == Place::cpu) expected += opt.subgroup_shapes()[s].fetch_bytes;
+  CHECK(expected > 0);
+  CHECK(r.early_fetch_bytes == expected);
+  // Without the backward-phase API, the fetches happen in step().
+  device.set_gradients(2);
+  CHECK(opt.step().early_fetch_bytes == 0);
+  (void)order;
+}

@@ -103,6 +103,7 @@ struct DeviceState {
   std::size_t step_budget = 0;
   std::optional<typename B::Stream> sync;  // for construction and checkpoint copies
   std::vector<std::uint8_t> fetched;       // per segment: its gradient was fetched during backward
+  std::size_t early_fetch_bytes = 0;
 };
 
 template <class B, bool = DeviceBackend<B>>
@@ -1051,6 +1052,7 @@ class InterleavedOptimizer {
       backend_.copy_d2h(mirror + seg.state_offset * 4, static_cast<const std::byte*>(g.data) + seg.tensor_offset * gs,
                         seg.count * gs, dev_.executor->stream(Lane::d2h));
       dev_.fetched[k] = 1;
+      dev_.early_fetch_bytes += seg.count * gs;
     }
   }
 
@@ -1074,6 +1076,7 @@ class InterleavedOptimizer {
         t.measured);
     t.measured_seconds = seconds_since(start);
     std::fill(dev_.fetched.begin(), dev_.fetched.end(), std::uint8_t{0});
+    report.early_fetch_bytes = std::exchange(dev_.early_fetch_bytes, 0);
     t.step = step_ + 1;
     t.policy = policy_name(dev_.policy.kind);
     if (options_.interleave.refine) dev_.model.refine(t);

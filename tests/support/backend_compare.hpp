@@ -52,19 +52,32 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
 
 // Runs `steps` steps on the all-CPU backend and on the emulated device, comparing
 // every value and every state element after each step. Returns the reports seen.
+/// How the device side is driven, beyond the policy.
+struct Drive {
+  double max_grad_norm = 0;    ///< clipping on both sides
+  bool backward_api = false;   ///< begin_backward() and grad_ready() (last parameter first)
+};
+
 template <class Backend = EmulatedDeviceBackend, class Access = EmulatedAccess>
 std::vector<StepReport> compare_trajectories(const std::vector<TensorSpec>& specs, const Policy& policy,
                                              std::size_t subgroup, std::size_t budget_slots, int steps,
-                                             std::size_t expect_subgroups = 0) {
+                                             std::size_t expect_subgroups = 0, Drive drive = {}) {
   BasicMixedModel<Access> host(specs, two_groups, true), device(specs, two_groups);
-  CpuOptimizer reference(host.groups(), Options{.subgroup_elements = subgroup, .threads = 1});
-  InterleavedOptimizer<Backend> opt(device.groups(), device_options(policy, subgroup, 0));
+  Options reference_options{.subgroup_elements = subgroup, .threads = 1};
+  reference_options.max_grad_norm = drive.max_grad_norm;
+  Options options = device_options(policy, subgroup, 0);
+  options.max_grad_norm = drive.max_grad_norm;
+  CpuOptimizer reference(host.groups(), reference_options);
+  InterleavedOptimizer<Backend> opt(device.groups(), options);
   if (expect_subgroups != 0) REQUIRE(opt.subgroups().size() == expect_subgroups);
   if (budget_slots != 0) opt.set_staging_budget(budget_slots * opt.staging_slot_bytes());
   std::vector<StepReport> reports;
   for (int t = 1; t <= steps; ++t) {
+    if (drive.backward_api) opt.begin_backward();
     host.set_gradients(t);
     device.set_gradients(t);
+    if (drive.backward_api)
+      for (std::size_t p = opt.num_params(); p-- > 0;) opt.grad_ready(p);
     if (t == 20) {
       reference.set_lr(0, 3e-3);
       opt.set_lr(0, 3e-3);

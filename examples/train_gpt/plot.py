@@ -1,0 +1,40 @@
+#!/usr/bin/env python3
+"""Plots train_gpt's loss curves (CSV files from --csv) into one PNG.
+
+    /usr/bin/python3 examples/train_gpt/plot.py dos.csv torch.csv loss.png
+Needs matplotlib (from PyPI: python3 -m venv env && env/bin/pip install matplotlib).
+"""
+import csv
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def read(path):
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    return [int(r["step"]) for r in rows], [float(r["loss"]) for r in rows], [float(r["step_ms"]) for r in rows]
+
+
+def main() -> int:
+    *inputs, output = sys.argv[1:]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for path in inputs:
+        steps, loss, ms = read(path)
+        label = path.rsplit("/", 1)[-1].removesuffix(".csv")
+        ax.plot(steps, loss, label=f"{label} ({sum(ms) / len(ms):.0f} ms/step)", linewidth=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (cross-entropy)")
+    ax.set_title("train_gpt: character-level GPT on the Sonnets, dos vs torch::optim::AdamW")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(output, dpi=110)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

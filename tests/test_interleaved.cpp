@@ -433,3 +433,33 @@ TEST_CASE("grad_ready() starts device-gradient copies for CPU subgroups during b
   CHECK(opt.step().early_fetch_bytes == 0);
   (void)order;
 }
+
+TEST_CASE("an overflowing step after early fetches leaves nothing behind for the next step") {
+  const auto specs = test::one_per_subgroup(6, 256, 12);
+  MixedModel host(specs, two_groups, true), device(specs, two_groups);
+  Options ro{.subgroup_elements = 256, .threads = 1};
+  ro.loss_scaling = LossScaling{.init_scale = 1};
+  Options o = device_options({.kind = PolicyKind::fixed_stride, .stride = 2}, 256);
+  o.loss_scaling = ro.loss_scaling;
+  CpuOptimizer reference(host.groups(), ro);
+  DeviceOptimizer opt(device.groups(), o);
+  std::size_t dev_param = 0;
+  while (specs[dev_param].device != Device::device) ++dev_param;
+  // Step 1 overflows, after grad_ready() copied device gradients of CPU subgroups.
+  opt.begin_backward();
+  host.set_gradients(1);
+  device.set_gradients(1);
+  test::store_as(host.grad(dev_param), specs[dev_param].dtype, 0, std::numeric_limits<float>::infinity());
+  test::store_as(device.grad(dev_param), specs[dev_param].dtype, 0, std::numeric_limits<float>::infinity());
+  for (std::size_t p = opt.num_params(); p-- > 0;) opt.grad_ready(p);
+  CHECK(reference.step().overflow);
+  CHECK(opt.step().overflow);
+  // Step 2, plain: the device gradients must be fetched afresh.
+  host.set_gradients(2);
+  device.set_gradients(2);
+  reference.step();
+  const StepReport r = opt.step();
+  CHECK(r.early_fetch_bytes == 0);
+  CHECK(host.value_bytes() == device.value_bytes());
+  CHECK(same_bits(all_state(reference), all_state(opt)));
+}

@@ -297,3 +297,48 @@ TEST_CASE("moments start at exactly zero (trap 5.4)") {
     CHECK(zero);
   }
 }
+
+TEST_CASE("training options: invalid clipping and loss scaling are rejected by name") {
+  Fixture f;
+  Options o;
+  o.max_grad_norm = -1;
+  CHECK_THROWS_WITH_AS(CpuOptimizer(f.params, AdamW{}, o), "dos: max_grad_norm must be finite and >= 0, got -1",
+                       std::invalid_argument);
+  o.max_grad_norm = 1;
+  o.loss_scaling = LossScaling{.init_scale = 1000};
+  CHECK_THROWS_WITH_AS(CpuOptimizer(f.params, AdamW{}, o), "dos: loss_scaling.init_scale must be a power of two, got 1000",
+                       std::invalid_argument);
+  o.loss_scaling = LossScaling{.backoff_factor = 1.5};
+  CHECK_THROWS_WITH_AS(CpuOptimizer(f.params, AdamW{}, o), "dos: loss_scaling.backoff_factor must be in (0, 1), got 1.5",
+                       std::invalid_argument);
+}
+
+TEST_CASE("clipping with a NaN gradient poisons every update, as torch's clip_grad_norm_ does") {
+  Fixture f({8, 8});
+  Options o{.threads = 1};
+  o.max_grad_norm = 1.0;
+  CpuOptimizer opt(f.params, AdamW{}, o);
+  f.set_gradients(1);
+  f.grads[0][3] = std::numeric_limits<float>::quiet_NaN();
+  const StepReport r = opt.step();
+  CHECK(std::isnan(r.clip_coef));
+  CHECK(std::isnan(f.values[1][0]));  // a tensor with finite gradients, scaled by NaN
+}
+
+TEST_CASE("a throwing step forgets what grad_ready() gathered; the retry reads the gradients again") {
+  Fixture f({64});
+  Options o{.threads = 1};
+  o.max_grad_norm = 1e6;
+  CpuOptimizer opt(f.params, AdamW{}, o);
+  opt.begin_backward();
+  f.set_gradients(1);
+  opt.grad_ready(0);
+  opt.set_schedule(0, [](std::int64_t) { return -1.0; });  // makes the next step throw
+  CHECK_THROWS_AS(opt.step(), std::invalid_argument);
+  opt.set_schedule(0, {});
+  for (float& g : f.grads[0]) g *= 100;
+  double expect = 0;
+  for (float g : f.grads[0]) expect += static_cast<double>(g) * g;
+  const StepReport r = opt.step();
+  CHECK(r.grad_norm == doctest::Approx(std::sqrt(expect)).epsilon(1e-6));
+}

@@ -181,6 +181,19 @@ class InterleavedOptimizer {
   /// @throws std::invalid_argument when a parameter's views no longer match what the
   ///         optimizer was built with; nothing has changed then.
   StepReport step() {
+    try {
+      return step_impl();
+    } catch (...) {
+      // Nothing of the optimizer changed, but what grad_ready() and begin_backward()
+      // gathered may not describe the gradients of a retried step: drop it.
+      forget_backward();
+      throw;
+    }
+  }
+
+ private:
+  StepReport step_impl() {
+    backend_wait_for_framework();
     const auto start = std::chrono::steady_clock::now();
     refresh_views();
     // Scheduled learning rates, all checked before any is applied.
@@ -221,7 +234,7 @@ class InterleavedOptimizer {
       multiplier = inverse_scale;
       if (options_.max_grad_norm > 0) {
         const float coef = static_cast<float>(options_.max_grad_norm) / (norm + 1e-6f);
-        const float clamped = coef < 1.0f ? coef : 1.0f;
+        const float clamped = coef >= 1.0f ? 1.0f : coef;  // a NaN norm stays NaN, as torch.clamp keeps it
         report.clip_coef = clamped;
         multiplier = inverse_scale * clamped;  // exact: inverse_scale is a power of two
       }
@@ -238,7 +251,9 @@ class InterleavedOptimizer {
       if constexpr (requires { backend_.unavailable_reason(); }) report.fallback = backend_.unavailable_reason();
     }
     if (scaling && ++growth_tracker_ == options_.loss_scaling->growth_interval) {
-      scale_ *= options_.loss_scaling->growth_factor;
+      // torch keeps the scale in float32, where growth stops short of infinity.
+      const double grown = scale_ * options_.loss_scaling->growth_factor;
+      if (detail::finite_bits(static_cast<float>(grown))) scale_ = grown;
       growth_tracker_ = 0;
     }
     end_phase();
@@ -250,6 +265,7 @@ class InterleavedOptimizer {
     return report;
   }
 
+ public:
   // ---- The training loop around step() ------------------------------------------
 
   /// @brief The factor to multiply the loss by before backward (1 without loss scaling).
@@ -285,6 +301,7 @@ class InterleavedOptimizer {
     const ConstTensorView g = source_->grad(param);
     check_unchanged(param, v);
     check_grad(param, v, g);
+    backend_wait_for_framework();
     if (micro_batches_ == 0) {
       param_stats_[param] = param_grad_stats(param, g);
       if (ready_[param] == 0) ++ready_count_;
@@ -573,7 +590,10 @@ class InterleavedOptimizer {
       }
     }
     if constexpr (interleaved)
-      if (device_) dev_.sync.emplace(backend_.make_stream());
+      if (device_) {
+        dev_.sync.emplace(backend_.make_stream());
+        backend_.wait_for_framework();  // the framework may still be initialising the values
+      }
     PinnedMemory resource = pinned_resource();
     for (std::size_t s = 0; s < subgroups_.size(); ++s) {
       const Subgroup& sub = subgroups_[s];
@@ -771,13 +791,28 @@ class InterleavedOptimizer {
 
   // After a step, applied or skipped: the backward phase and the accumulation are over.
   void end_phase() {
-    std::fill(ready_.begin(), ready_.end(), std::uint8_t{0});
-    ready_count_ = 0;
+    forget_backward();
     if (micro_batches_ > 0) {
       for (auto& a : accum_) std::fill_n(a.data(), a.size(), 0.0f);
       micro_batches_ = 0;
     }
+  }
+  // Drops what begin_backward() and grad_ready() gathered: cached gradient statistics,
+  // the plan chosen ahead, and which segments were fetched early.
+  void forget_backward() noexcept {
+    std::fill(ready_.begin(), ready_.end(), std::uint8_t{0});
+    ready_count_ = 0;
     planned_ = false;
+    if constexpr (interleaved) {
+      std::fill(dev_.fetched.begin(), dev_.fetched.end(), std::uint8_t{0});
+      dev_.early_fetch_bytes = 0;
+    }
+  }
+  // The framework's device work so far (backward kernels writing gradients) must be
+  // complete before dos reads what it wrote.
+  void backend_wait_for_framework() {
+    if constexpr (interleaved)
+      if (device_) backend_.wait_for_framework();
   }
 
   static void check_training_options(const Options& o) {
@@ -792,6 +827,16 @@ class InterleavedOptimizer {
         throw_invalid_argument("loss_scaling.backoff_factor must be in (0, 1), got {}", ls->backoff_factor);
       if (ls->growth_interval < 1)
         throw_invalid_argument("loss_scaling.growth_interval must be >= 1, got {}", ls->growth_interval);
+      // Powers of two keep unscaling exact, so folding 1/scale and the clipping
+      // coefficient into one multiplication gives torch's two.
+      const auto power_of_two = [](double x) {
+        int e = 0;
+        return std::frexp(x, &e) == 0.5;
+      };
+      for (const auto& [name, value] : {std::pair{"init_scale", ls->init_scale}, std::pair{"growth_factor", ls->growth_factor},
+                                        std::pair{"backoff_factor", ls->backoff_factor}})
+        if (!power_of_two(value))
+          throw_invalid_argument("loss_scaling.{} must be a power of two, got {}", name, value);
     }
   }
 

@@ -46,6 +46,9 @@ struct CudaConfig {
   /// Device bytes kept out of the default staging budget, for the framework.
   std::size_t reserve_bytes = std::size_t{2} << 30;
   MissingDevice on_missing = MissingDevice::throw_error;
+  /// The stream the framework computes gradients on (torch: at::cuda::getCurrentCUDAStream()).
+  /// dos waits for it before reading gradients or parameters; null is the legacy default stream.
+  cudaStream_t framework_stream = nullptr;
   /// Pin optimizer state with cudaHostAlloc; false, or a failure, gives pageable memory.
   bool pin = true;
 };
@@ -67,6 +70,7 @@ inline std::string unavailable_reason() {
 struct DeviceMemory {
   int device = 0;
   void* allocate(std::size_t bytes, std::size_t /*alignment: cudaMalloc gives 256*/) const {
+    check(cudaSetDevice(device), "cudaSetDevice");
     void* p = nullptr;
     check(cudaMalloc(&p, bytes), fmt::format("cudaMalloc of {} bytes", bytes));
     return p;
@@ -195,11 +199,13 @@ class CudaBackend {
   const Config& config() const noexcept { return config_; }
 
   Stream make_stream() const {
+    use_device();
     cudaStream_t s = nullptr;
     cuda::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     return Stream(s);
   }
   Event make_event() const {
+    use_device();
     cudaEvent_t e = nullptr;
     cuda::check(cudaEventCreate(&e), "cudaEventCreate");
     return Event(e);
@@ -213,13 +219,23 @@ class CudaBackend {
   }
   /// @brief Copies the descriptors into the launch's parameters, so @p segments may
   ///        be reused as soon as this returns.
-  void launch_adam(std::span<const DeviceSegment> segments, Stream& s) { cuda::launch_adam(segments, s.get()); }
+  void launch_adam(std::span<const DeviceSegment> segments, Stream& s) {
+    use_device();
+    cuda::launch_adam(segments, s.get());
+  }
   /// @brief Nothing to do on a real device: dead staging is simply overwritten.
   void discard(void*, std::size_t, Stream&) noexcept {}
   void record(Event& e, Stream& s) { cuda::check(cudaEventRecord(e.get(), s.get()), "cudaEventRecord"); }
   void wait(Stream& s, Event& e) { cuda::check(cudaStreamWaitEvent(s.get(), e.get(), 0), "cudaStreamWaitEvent"); }
   void synchronize(Event& e) { cuda::check(cudaEventSynchronize(e.get()), "cudaEventSynchronize"); }
   void synchronize(Stream& s) { cuda::check(cudaStreamSynchronize(s.get()), "cudaStreamSynchronize"); }
+  /// @brief Blocks until the framework's stream has finished what it was given: dos's
+  ///        streams are non-blocking, so nothing else orders them after backward.
+  void wait_for_framework() {
+    if (!available()) return;
+    use_device();
+    cuda::check(cudaStreamSynchronize(config_.framework_stream), "cudaStreamSynchronize(framework stream)");
+  }
   double elapsed(const Event& from, const Event& to) const {
     float ms = 0;
     cuda::check(cudaEventElapsedTime(&ms, from.get(), to.get()), "cudaEventElapsedTime");
@@ -234,10 +250,17 @@ class CudaBackend {
   }
   GradStats grad_stats(const void* device_data, DType dtype, std::size_t count) {
     if (count == 0 || !scan_) return {};
+    use_device();
     return cuda::grad_stats(device_data, dtype, count, scan_->get());
   }
 
  private:
+  // The current device is per host thread: set it on every entry that creates or
+  // launches, since autograd hooks and training threads call from other threads.
+  void use_device() const {
+    if (available()) cuda::check(cudaSetDevice(config_.device), "cudaSetDevice");
+  }
+
   Config config_;
   cpu::CpuAdamExecutor cpu_;
   cuda::DeviceMemory device_;

@@ -54,6 +54,7 @@ concept DeviceBackend = requires(B& b, const B& cb, typename B::Stream& s, typen
   b.wait(s, e);                   ///< the stream waits for the event
   b.synchronize(e);               ///< the host waits for the event
   b.synchronize(s);               ///< the host waits for everything issued to the stream
+  b.wait_for_framework();         ///< the framework's device work so far is complete (before reading it)
   { cb.elapsed(ce, ce) } -> std::convertible_to<double>;  ///< seconds between two completed events
   { cb.staging_bytes_available() } -> std::convertible_to<std::size_t>;
   { b.grad_stats(src, dtype, count) } -> std::same_as<GradStats>;  ///< of device memory; blocks

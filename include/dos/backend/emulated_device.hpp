@@ -318,6 +318,8 @@ class EmulatedDeviceBackend {
     e.state_->wait_for(g);
   }
   void synchronize(Stream& s) { s.worker()->drain(); }
+  /// @brief The "framework" writes emulated device memory synchronously: nothing to wait for.
+  void wait_for_framework() noexcept {}
   /// @brief Seconds from @p from to @p to; both must have completed.
   double elapsed(const Event& from, const Event& to) const {
     const auto time = [](const Event& e) {

@@ -208,8 +208,8 @@ struct ElementStats {
         break;
       }
     }
-    const double d = x;
-    return {exponent_all_ones != 0 ? 0.0 : d * d, exponent_all_ones != 0 ? 1 : 0};
+    const double d = x;  // inf and NaN stay in the sum, as on the CPU: an inf gradient has an inf norm
+    return {d * d, exponent_all_ones != 0 ? 1 : 0};
   }
 };
 struct AddStats {

@@ -22,10 +22,12 @@ def read(path):
 def main() -> int:
     *inputs, output = sys.argv[1:]
     fig, ax = plt.subplots(figsize=(7, 4))
-    for path in inputs:
+    for i, path in enumerate(inputs):
         steps, loss, ms = read(path)
         label = path.rsplit("/", 1)[-1].removesuffix(".csv")
-        ax.plot(steps, loss, label=f"{label} ({sum(ms) / len(ms):.0f} ms/step)", linewidth=1)
+        # Dashed over solid: identical curves stay visible as two.
+        ax.plot(steps, loss, label=f"{label} ({sum(ms) / len(ms):.0f} ms/step)", linewidth=1.5 if i else 1,
+                linestyle="--" if i else "-")
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (cross-entropy)")
     ax.set_title("train_gpt: character-level GPT on the Sonnets, dos vs torch::optim::AdamW")

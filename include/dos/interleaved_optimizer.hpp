@@ -294,6 +294,7 @@ class InterleavedOptimizer {
   ///        contribution and overflow check are taken now (one read, overlapping the
   ///        rest of backward); with a device backend, if its subgroup is planned for
   ///        the CPU, its device gradient starts its copy to pinned host memory now.
+  ///        The gradient must stay where it is, unchanged, until `step()` returns.
   /// @throws std::invalid_argument for a bad index or view; nothing changes then.
   void grad_ready(std::size_t param) {
     if (param >= params_.size()) throw_invalid_argument("parameter {} does not exist (there are {})", param, params_.size());
@@ -799,11 +800,14 @@ class InterleavedOptimizer {
   }
   // Drops what begin_backward() and grad_ready() gathered: cached gradient statistics,
   // the plan chosen ahead, and which segments were fetched early.
-  void forget_backward() noexcept {
+  void forget_backward() {
     std::fill(ready_.begin(), ready_.end(), std::uint8_t{0});
     ready_count_ = 0;
     planned_ = false;
     if constexpr (interleaved) {
+      // Early copies may still be reading the framework's gradients, which it will
+      // overwrite once step() returns: let them finish first.
+      if (dev_.early_fetch_bytes > 0 && dev_.executor) backend_.synchronize(dev_.executor->stream(Lane::d2h));
       std::fill(dev_.fetched.begin(), dev_.fetched.end(), std::uint8_t{0});
       dev_.early_fetch_bytes = 0;
     }

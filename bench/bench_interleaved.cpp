@@ -6,7 +6,9 @@
 //                             subgroups; the CPU lane runs on one thread, the
 //                             emulated device's streams on the remaining core.
 // Counters: measured_s (the update, as the executor timed it), predicted_s (the
-// cost model's prediction for the same plan), k (the executed stride, averaged).
+// cost model's prediction for the same plan, with what it learned from earlier
+// steps), first_order_s (the first-order part alone, from the refined rates),
+// k (the executed stride, averaged).
 // Run: build/release/bench/bench_interleaved --benchmark_min_time=1
 // and: /usr/bin/python3 bench/interleaved_report.py build/release/bench/bench_interleaved
 
@@ -69,17 +71,20 @@ void BM_Interleaved(benchmark::State& state, dos::Policy policy) {
   o.interleave.profile = machine().profile;
   dos::InterleavedOptimizer<dos::EmulatedDeviceBackend> opt(params, dos::AdamW{}, o, machine().device);
   for (int warm = 0; warm < 3; ++warm) opt.step();  // first touch, and the model refines
-  double measured = 0, predicted = 0, stride = 0;
+  double measured = 0, predicted = 0, first_order = 0, stride = 0;
   for (auto _ : state) {
     const dos::StepReport r = opt.step();
     measured += r.update_seconds;
     predicted += r.predicted_seconds;
+    // What the model predicted before any residual it learned from measured steps.
+    first_order += opt.cost_model().first_order(opt.timeline().plan);
     stride += r.stride;
     state.SetIterationTime(r.update_seconds);
   }
   const auto n = static_cast<double>(state.iterations());
   state.counters["measured_s"] = measured / n;
   state.counters["predicted_s"] = predicted / n;
+  state.counters["first_order_s"] = first_order / n;
   state.counters["k"] = stride / n;
   state.counters["device_subgroups"] = static_cast<double>(opt.timeline().plan.device_subgroups());
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(kElements));

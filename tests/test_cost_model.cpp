@@ -195,3 +195,22 @@ TEST_CASE("calibrate measures the emulated device's throttles and link") {
   EmulatedDeviceBackend shared({.threads = 1}, {.h2d_bandwidth = 100e6, .d2h_bandwidth = 100e6, .duplex = false});
   CHECK_FALSE(calibrate(shared, small).duplex);
 }
+
+TEST_CASE("refinement learns each kind of plan's residual: a plan measured 20% slow is predicted slower") {
+  FirstOrderCostModel m(profile, 0.5);
+  StepTimeline t;
+  std::vector<Place> a;
+  stride_assignment(a, 8, 2);
+  make_plan(t.plan, uniform(8, 1'000'000), a, {.budget = ~std::size_t{0}, .max_slots = 2}, 2);
+  const double raw = m.first_order(t.plan);
+  CHECK(m.predict(t.plan) == doctest::Approx(raw));
+  t.measured_seconds = 1.2 * raw;  // no op timings: the rates stay, only the residual moves
+  m.refine(t);
+  CHECK(m.residual(4) == doctest::Approx(1.1));
+  CHECK(m.predict(t.plan) == doctest::Approx(1.1 * raw));
+  CHECK(m.residual(0) == 1.0);  // an all-CPU plan is another kind
+  Plan cpu_only;
+  std::vector<Place> none(8, Place::cpu);
+  make_plan(cpu_only, uniform(8, 1'000'000), none, {.budget = 0, .max_slots = 2});
+  CHECK(m.predict(cpu_only) == doctest::Approx(m.first_order(cpu_only)));
+}

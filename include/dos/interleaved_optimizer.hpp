@@ -944,6 +944,7 @@ class InterleavedOptimizer {
 
     dev_.assignment.reserve(n);
     dev_.fetched.assign(segment_refs_.size(), 0);
+    if constexpr (requires { dev_.model.reserve(n); }) dev_.model.reserve(n);
     for (Plan* plan : {&dev_.timeline.plan, &dev_.candidate}) {
       plan->ops.reserve(3 * n + 1);
       plan->placement.reserve(n);

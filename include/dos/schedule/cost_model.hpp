@@ -83,9 +83,26 @@ class FirstOrderCostModel {
     return 0;
   }
 
-  /// @brief Predicted seconds of the update phase of @p plan; fills @p timeline (one
-  ///        entry per op) when given.
+  /// @brief Predicted seconds of the update phase of @p plan: the first-order time
+  ///        times what this model has learned of its error for plans that put as many
+  ///        subgroups on the device (1 until such a plan was measured). Fills
+  ///        @p timeline (first-order, one entry per op) when given.
   double predict(const Plan& plan, std::vector<OpTiming>* timeline = nullptr) const {
+    return first_order(plan, timeline) * residual(plan.device_subgroups());
+  }
+
+  /// @brief The learned ratio of measured to first-order time, for plans with
+  ///        @p device_subgroups subgroups on the device.
+  double residual(std::size_t device_subgroups) const noexcept {
+    return device_subgroups < residual_.size() ? residual_[device_subgroups] : 1.0;
+  }
+  /// @brief Room for the residuals of plans over up to @p subgroups subgroups, so that
+  ///        refining never allocates.
+  void reserve(std::size_t subgroups) { residual_.reserve(subgroups + 1); }
+
+  /// @brief The first-order prediction alone: lanes list-scheduled from the profile,
+  ///        bounded below by host DRAM traffic.
+  double first_order(const Plan& plan, std::vector<OpTiming>* timeline = nullptr) const {
     const std::size_t n = plan.ops.size();
     // Sized for the largest plan the caller reserved, so that predicting every
     // candidate plan of every step allocates only on the first call.
@@ -147,6 +164,15 @@ class FirstOrderCostModel {
   ///        operations' intervals), so transfers that share a link and wait for each
   ///        other are not counted twice.
   void refine(const StepTimeline& measured) {
+    // What the first-order model missed for this kind of plan (contention it does not
+    // model, fill and drain), learned before the rates move.
+    const double raw = first_order(measured.plan);
+    if (measured.measured_seconds >= min_seconds && raw > 0) {
+      const std::size_t key = measured.plan.device_subgroups();
+      if (key >= residual_.size()) residual_.resize(key + 1, 1.0);
+      const double ratio = measured.measured_seconds / raw;
+      residual_[key] = (1 - learning_rate_) * residual_[key] + learning_rate_ * ratio;
+    }
     const auto learn = [&](double& rate, std::initializer_list<Lane> lanes) {
       double w = 0;
       auto& busy = work_.intervals;
@@ -207,6 +233,7 @@ class FirstOrderCostModel {
   };
   HardwareProfile profile_{};
   double learning_rate_ = 0.5;
+  std::vector<double> residual_;  // by device-subgroup count: measured / first-order
   mutable Workspace work_;
 };
 static_assert(CostModel<FirstOrderCostModel>);

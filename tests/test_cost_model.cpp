@@ -70,12 +70,20 @@ TEST_CASE("the host DRAM bound: CPU updates and DMA share host bandwidth") {
   CHECK(predict_stride(m, uniform(8, 1'000'000), 2) == doctest::Approx(bound));
 }
 
-TEST_CASE("refinement moves each rate toward what its lane achieved") {
-  FirstOrderCostModel m(profile, 0.5);
+namespace {
+// A step of `count` subgroups at stride k, not yet measured.
+StepTimeline stride_step(std::size_t count, std::uint32_t k) {
   StepTimeline t;
   std::vector<Place> a;
-  stride_assignment(a, 4, 2);
-  make_plan(t.plan, uniform(4, 1'000'000), a, {.budget = ~std::size_t{0}, .max_slots = 2}, 2);
+  stride_assignment(a, count, k);
+  make_plan(t.plan, uniform(count, 1'000'000), a, {.budget = ~std::size_t{0}, .max_slots = 2}, k);
+  return t;
+}
+}  // namespace
+
+TEST_CASE("refinement moves each rate toward what its lane achieved") {
+  FirstOrderCostModel m(profile, 0.5);
+  StepTimeline t = stride_step(4, 2);
   t.measured.resize(t.plan.ops.size());
   std::array<double, lane_count> clock{};
   for (std::size_t i = 0; i < t.plan.ops.size(); ++i) {
@@ -198,10 +206,7 @@ TEST_CASE("calibrate measures the emulated device's throttles and link") {
 
 TEST_CASE("refinement learns each kind of plan's residual: a plan measured 20% slow is predicted slower") {
   FirstOrderCostModel m(profile, 0.5);
-  StepTimeline t;
-  std::vector<Place> a;
-  stride_assignment(a, 8, 2);
-  make_plan(t.plan, uniform(8, 1'000'000), a, {.budget = ~std::size_t{0}, .max_slots = 2}, 2);
+  StepTimeline t = stride_step(8, 2);
   const double raw = m.first_order(t.plan);
   CHECK(m.predict(t.plan) == doctest::Approx(raw));
   t.measured_seconds = 1.2 * raw;  // no op timings: the rates stay, only the residual moves

@@ -284,8 +284,7 @@ class InterleavedOptimizer {
   ///        plan is chosen now, so `grad_ready` can start gradient transfers while
   ///        backward goes on. Optional: `step()` works without it.
   void begin_backward() {
-    std::fill(ready_.begin(), ready_.end(), std::uint8_t{0});
-    ready_count_ = 0;
+    forget_backward();
     if constexpr (interleaved)
       if (device_) plan_ahead();
   }
@@ -318,7 +317,7 @@ class InterleavedOptimizer {
   /// @throws std::invalid_argument for a bad view, or a gradient on a device; nothing
   ///         is accumulated then.
   void accumulate() {
-    std::vector<ConstTensorView> g(params_.size());
+    std::vector<ConstTensorView>& g = grads_;  // scratch: step() reads every view again
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const TensorView v = source_->value(i);
       g[i] = source_->grad(i);
@@ -725,15 +724,7 @@ class InterleavedOptimizer {
       const TensorView& v = values_[seg.tensor];
       const ConstTensorView& g = grads_[seg.tensor];
       cpu::SegmentWork& w = work_[k];
-      if (on_device(seg.tensor)) {
-        // The CPU works on the pinned mirror: gradients fetched in, values pushed out.
-        if constexpr (interleaved) {
-          std::byte* mirror = dev_.io[segment_refs_[k].subgroup].mirror.data();
-          const std::size_t elements = subgroups_[segment_refs_[k].subgroup].state_elements;
-          w.args.grad = mirror + seg.state_offset * 4;
-          w.args.param = mirror + (elements + seg.state_offset) * 4;
-        }
-      } else {
+      if (!on_device(seg.tensor)) {  // device tensors: the pinned mirror, fixed by build_device()
         w.args.param = static_cast<std::byte*>(v.data) + seg.tensor_offset * dtype_size(v.dtype);
         w.args.grad = static_cast<const std::byte*>(g.data) + seg.tensor_offset * dtype_size(g.dtype);
       }
@@ -768,7 +759,7 @@ class InterleavedOptimizer {
       for (std::size_t p = 0; p < params_.size(); ++p) {
         if (reuse && ready_[p] != 0) continue;
         if (on_device(p)) {
-          if constexpr (interleaved) param_stats_[p] = backend_.grad_stats(grads_[p].data, grads_[p].dtype, grads_[p].numel);
+          param_stats_[p] = param_grad_stats(p, grads_[p]);
           continue;
         }
         GradStats total;
@@ -924,7 +915,16 @@ class InterleavedOptimizer {
       io.offsets.reserve(segments);
       io.first_chunk = s == 0 ? 0 : subgroup_chunks_[s - 1];
       io.end_chunk = subgroup_chunks_[s];
-      if (device_tensor) io.mirror = HostBuffer<std::byte, PinnedMemory>(2 * e4, backend_.pinned_memory());
+      if (device_tensor) {
+        // The CPU works on the pinned mirror: gradients fetched in, values pushed out.
+        io.mirror = HostBuffer<std::byte, PinnedMemory>(2 * e4, backend_.pinned_memory());
+        for (std::uint32_t w = block.first_segment; w < block.end_segment; ++w) {
+          const Segment& seg = *segment_refs_[w].segment;
+          if (!on_device(seg.tensor)) continue;
+          work_[w].args.grad = io.mirror.data() + seg.state_offset * 4;
+          work_[w].args.param = io.mirror.data() + e4 + seg.state_offset * 4;
+        }
+      }
       if (dev_.residency[s] == Place::resident) {
         io.home = decltype(io.home)(l.bytes, backend_.device_memory());
       } else {
@@ -1081,7 +1081,6 @@ class InterleavedOptimizer {
   void plan_ahead()
     requires interleaved
   {
-    std::fill(dev_.fetched.begin(), dev_.fetched.end(), std::uint8_t{0});
     choose_plan(dev_.timeline.plan, dev_.candidate, dev_.assignment, dev_.shapes, dev_.residency, dev_.policy,
                 plan_limits(), dev_.model);
     planned_ = true;
@@ -1125,8 +1124,7 @@ class InterleavedOptimizer {
         },
         t.measured);
     t.measured_seconds = seconds_since(start);
-    std::fill(dev_.fetched.begin(), dev_.fetched.end(), std::uint8_t{0});
-    report.early_fetch_bytes = std::exchange(dev_.early_fetch_bytes, 0);
+    report.early_fetch_bytes = dev_.early_fetch_bytes;  // end_phase() resets it
     t.step = step_ + 1;
     t.policy = policy_name(dev_.policy.kind);
     if (options_.interleave.refine) dev_.model.refine(t);

@@ -66,6 +66,26 @@ inline std::string unavailable_reason() {
   return {};
 }
 
+/// @brief Owns a stream or event handle; destroys it once, when the last owner goes.
+template <class H, cudaError_t (*Destroy)(H)>
+class Handle {
+ public:
+  Handle() = default;
+  explicit Handle(H h) noexcept : h_(h) {}
+  Handle(Handle&& o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
+  Handle& operator=(Handle&& o) noexcept {
+    std::swap(h_, o.h_);
+    return *this;
+  }
+  ~Handle() {
+    if (h_ != nullptr) Destroy(h_);
+  }
+  H get() const noexcept { return h_; }
+
+ private:
+  H h_ = nullptr;
+};
+
 /// @brief Device memory from cudaMalloc.
 struct DeviceMemory {
   int device = 0;
@@ -137,42 +157,8 @@ class CudaBackend {
  public:
   using Config = CudaConfig;
 
-  class Stream {
-   public:
-    Stream() = default;
-    Stream(Stream&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
-    Stream& operator=(Stream&& o) noexcept {
-      std::swap(s_, o.s_);
-      return *this;
-    }
-    ~Stream() {
-      if (s_ != nullptr) cudaStreamDestroy(s_);
-    }
-    cudaStream_t get() const noexcept { return s_; }
-
-   private:
-    friend class CudaBackend;
-    explicit Stream(cudaStream_t s) : s_(s) {}
-    cudaStream_t s_ = nullptr;
-  };
-  class Event {
-   public:
-    Event() = default;
-    Event(Event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
-    Event& operator=(Event&& o) noexcept {
-      std::swap(e_, o.e_);
-      return *this;
-    }
-    ~Event() {
-      if (e_ != nullptr) cudaEventDestroy(e_);
-    }
-    cudaEvent_t get() const noexcept { return e_; }
-
-   private:
-    friend class CudaBackend;
-    explicit Event(cudaEvent_t e) : e_(e) {}
-    cudaEvent_t e_ = nullptr;
-  };
+  using Stream = cuda::Handle<cudaStream_t, cudaStreamDestroy>;
+  using Event = cuda::Handle<cudaEvent_t, cudaEventDestroy>;
 
   /// @throws cuda_error when there is no usable GPU and `on_missing` is `throw_error`.
   explicit CudaBackend(const Options& options = {}, const Config& config = {})

@@ -59,6 +59,46 @@ struct HostResource {
 };
 static_assert(MemoryResource<HostResource>);
 
+/// @brief Owning, uninitialised bytes from a resource, aligned to `Alignment`; the
+///        one owner every dos buffer builds on. Never touches the bytes, so it serves
+///        device memory too (see `DeviceBuffer`).
+template <MemoryResource R, std::size_t Alignment>
+class RawBuffer {
+ public:
+  static constexpr std::size_t alignment = Alignment;
+
+  RawBuffer() = default;
+  RawBuffer(std::size_t bytes, R resource) : resource_(std::move(resource)), bytes_(bytes) {
+    if (bytes_ > 0) data_ = static_cast<std::byte*>(resource_.allocate(bytes_, alignment));
+  }
+  RawBuffer(RawBuffer&& o) noexcept
+      : resource_(std::move(o.resource_)), data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  RawBuffer& operator=(RawBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      resource_ = std::move(o.resource_);
+      data_ = std::exchange(o.data_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+  }
+  RawBuffer(const RawBuffer&) = delete;
+  RawBuffer& operator=(const RawBuffer&) = delete;
+  ~RawBuffer() { release(); }
+
+  std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return bytes_; }
+
+ private:
+  void release() noexcept {
+    if (data_ != nullptr) resource_.deallocate(data_, bytes_, alignment);
+    data_ = nullptr;
+  }
+  [[no_unique_address]] R resource_{};
+  std::byte* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
 /// @brief An owning array of trivially copyable `T` from a `MemoryResource`,
 ///        zero-initialised: optimizer moments must start at exactly zero
 ///        (ALGORITHM.md 5.4), never at whatever the allocator returned.
@@ -68,40 +108,18 @@ class HostBuffer {
   static constexpr std::size_t alignment = 64;  // a cache line, and one AVX-512 vector
 
   HostBuffer() = default;
-  explicit HostBuffer(std::size_t count, R resource = {}) : resource_(std::move(resource)), count_(count) {
-    if (count_ == 0) return;
-    data_ = static_cast<T*>(resource_.allocate(count_ * sizeof(T), alignment));
-    std::memset(static_cast<void*>(data_), 0, count_ * sizeof(T));
+  explicit HostBuffer(std::size_t count, R resource = {}) : bytes_(count * sizeof(T), std::move(resource)) {
+    if (count > 0) std::memset(bytes_.data(), 0, bytes_.size());
   }
-  HostBuffer(HostBuffer&& o) noexcept
-      : resource_(std::move(o.resource_)), data_(std::exchange(o.data_, nullptr)), count_(std::exchange(o.count_, 0)) {}
-  HostBuffer& operator=(HostBuffer&& o) noexcept {
-    if (this != &o) {
-      release();
-      resource_ = std::move(o.resource_);
-      data_ = std::exchange(o.data_, nullptr);
-      count_ = std::exchange(o.count_, 0);
-    }
-    return *this;
-  }
-  HostBuffer(const HostBuffer&) = delete;
-  HostBuffer& operator=(const HostBuffer&) = delete;
-  ~HostBuffer() { release(); }
 
-  T* data() noexcept { return data_; }
-  const T* data() const noexcept { return data_; }
-  std::size_t size() const noexcept { return count_; }
-  std::span<T> span() noexcept { return {data_, count_}; }
-  std::span<const T> span() const noexcept { return {data_, count_}; }
+  T* data() noexcept { return reinterpret_cast<T*>(bytes_.data()); }
+  const T* data() const noexcept { return reinterpret_cast<const T*>(bytes_.data()); }
+  std::size_t size() const noexcept { return bytes_.size() / sizeof(T); }
+  std::span<T> span() noexcept { return {data(), size()}; }
+  std::span<const T> span() const noexcept { return {data(), size()}; }
 
  private:
-  void release() noexcept {
-    if (data_ != nullptr) resource_.deallocate(data_, count_ * sizeof(T), alignment);
-    data_ = nullptr;
-  }
-  [[no_unique_address]] R resource_{};
-  T* data_ = nullptr;
-  std::size_t count_ = 0;
+  RawBuffer<R, alignment> bytes_;
 };
 
 }  // namespace dos

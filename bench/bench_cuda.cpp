@@ -122,11 +122,11 @@ int main(int argc, char** argv) {
   }
   const auto t_build = Clock::now();
   dos::Options o{.subgroup_elements = 100'000'000};
-  o.interleave.policy = {.kind = dos::PolicyKind::all_cpu};
+  o.interleave.policy = dos::AllCpu{};
   dos::InterleavedOptimizer<dos::CudaBackend> opt(tensors, dos::AdamW{}, o);
   fmt::print("built for {:.2f}B parameters in {:.1f} s ({} subgroups, {} CPU threads)\n", params / 1e9,
              seconds_since(t_build), opt.subgroups().size(), opt.threads());
-  const auto run = [&](const dos::Policy& p, int steps) {
+  const auto run = [&](const dos::AnyPolicy& p, int steps) {
     opt.set_policy(p);
     opt.step();  // warm, and refine the model
     double t = 0, predicted = 0;
@@ -140,8 +140,8 @@ int main(int argc, char** argv) {
     fmt::print("  {}\n", dos::summary(opt.timeline()));
     return std::tuple{t / steps, predicted / steps, k};
   };
-  const auto [cpu_s, cpu_pred, cpu_k] = run({.kind = dos::PolicyKind::all_cpu}, 3);
-  const auto [auto_s, auto_pred, auto_k] = run({.kind = dos::PolicyKind::automatic_stride}, 3);
+  const auto [cpu_s, cpu_pred, cpu_k] = run(dos::AllCpu{}, 3);
+  const auto [auto_s, auto_pred, auto_k] = run(dos::AutomaticStride{}, 3);
   (void)cpu_k;
   const double speedup = cpu_s / auto_s, prediction = auto_pred / auto_s;
   fmt::print("(c) all-CPU {:.3f} s, automatic {:.3f} s: {:.2f}x (target >= 2); predicted/measured {:.2f} "

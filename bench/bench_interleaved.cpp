@@ -1,6 +1,6 @@
 // The interleaved update on the emulated device, with its copies throttled to a
 // PCIe-like ratio of the measured CPU rate, so the split matters as it does on a real
-// node (ALGORITHM.md section 3: R_g close to R_c).
+// node (docs/design.md, "The cost model": R_g close to R_cpu).
 //
 //   BM_Interleaved/<policy>   one update step of a 16M-parameter fp32 model in 16
 //                             subgroups; the CPU lane runs on one thread, the
@@ -46,8 +46,9 @@ struct Machine {
 const Machine& machine() {
   static const Machine m = [] {
     Machine out;
+    dos::cpu::CpuAdamExecutor cpu({.threads = 1});
     dos::EmulatedDeviceBackend probe({.threads = 1});
-    const dos::HardwareProfile free = dos::calibrate(probe);
+    const dos::HardwareProfile free = dos::calibrate(probe, cpu);
     // An emulated copy takes its throttled time plus the memcpy itself, so the
     // throttle is set for the sum to give the target link rate.
     const double target = 12 * free.cpu_rate * link_ratio();
@@ -55,13 +56,13 @@ const Machine& machine() {
     out.device.h2d_bandwidth = out.device.d2h_bandwidth =
         target < memcpy_rate ? 1 / (1 / target - 1 / memcpy_rate) : 0;
     dos::EmulatedDeviceBackend throttled({.threads = 1}, out.device);
-    out.profile = dos::calibrate(throttled);
+    out.profile = dos::calibrate(throttled, cpu);
     return out;
   }();
   return m;
 }
 
-void BM_Interleaved(benchmark::State& state, dos::Policy policy) {
+void BM_Interleaved(benchmark::State& state, dos::AnyPolicy policy) {
   std::vector<float> value(kElements, 0.5f), grad(kElements, 1e-3f);
   std::vector<dos::HostParam<float>> params;
   for (std::size_t off = 0; off < kElements; off += kSubgroup)
@@ -92,16 +93,17 @@ void BM_Interleaved(benchmark::State& state, dos::Policy policy) {
 }
 
 void register_all() {
-  const auto add = [](const std::string& name, dos::Policy p) {
+  const auto add = [](const std::string& name, dos::AnyPolicy p) {
     benchmark::RegisterBenchmark(("BM_Interleaved/" + name).c_str(), BM_Interleaved, p)
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
   };
-  add("all_cpu", {.kind = dos::PolicyKind::all_cpu});
-  for (std::uint32_t k = 1; k <= 8; ++k) add(fmt::format("stride_{}", k), {.kind = dos::PolicyKind::fixed_stride, .stride = k});
-  add("automatic", {.kind = dos::PolicyKind::automatic_stride});
-  add("balanced", {.kind = dos::PolicyKind::balanced});
-  add("static_fraction", {.kind = dos::PolicyKind::static_fraction, .fraction = 0.25});
+  add("all_cpu", dos::AllCpu{});
+  for (std::uint32_t k = 1; k <= 8; ++k) add(fmt::format("stride_{}", k), dos::FixedStride{k});
+  add("automatic", dos::AutomaticStride{});
+  add("balanced", dos::Balanced{});
+  add("static_fraction", dos::StaticFraction{0.25});
+  add("resident_then_stride", dos::ResidentThenStride{});
 }
 
 }  // namespace

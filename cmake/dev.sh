@@ -7,8 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# libtorch-dev: the torch adapter's tests and train_gpt (skipped where absent).
-packages=(cmake make g++ libfmt-dev doctest-dev libbenchmark-dev libtorch-dev)
+# libtorch-dev: the torch adapter's tests and train_gpt (skipped where absent);
+# doxygen and python3: the documentation and layering checks.
+packages=(cmake make g++ libfmt-dev doctest-dev libbenchmark-dev libtorch-dev doxygen python3)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -6,7 +6,9 @@
 
 #include <doctest/doctest.h>
 #include <dos/backend/emulated_device.hpp>
-#include <dos/schedule/calibrate.hpp>
+#include <dos/cpu/cpu_adam.hpp>
+#include <dos/engine/calibrate.hpp>
+#include <dos/schedule/any_policy.hpp>
 #include <dos/schedule/cost_model.hpp>
 #include <dos/schedule/policy.hpp>
 
@@ -35,6 +37,24 @@ double predict_stride(const FirstOrderCostModel& m, const std::vector<SubgroupSh
   Plan p;
   make_plan(p, shapes, a, {.budget = ~std::size_t{0}, .max_slots = slots}, k);
   return m.predict(p);
+}
+
+// A policy's choice for this step, as the optimizer asks for it.
+template <class Model>
+double choose_plan(Plan& plan, Plan& scratch, std::vector<Place>& a, std::span<const SubgroupShape> shapes,
+                   std::span<const Place> resident, AnyPolicy policy, const PlanLimits& limits, const Model& model) {
+  const auto predict = [&](const Plan& p) { return model.predict(p); };
+  return policy.choose({shapes, resident, limits, model.profile(), predict, scratch, a}, plan);
+}
+
+// The residents a policy picks at construction, with all the device memory it wants.
+std::vector<Place> residency_of(const AnyPolicy& policy, std::span<const SubgroupShape> shapes) {
+  const FirstOrderCostModel m(profile);
+  const auto predict = [&](const Plan& p) { return m.predict(p); };
+  Plan scratch;
+  std::vector<Place> a, out;
+  policy.residency({shapes, ~std::size_t{0} / 2, {.budget = 0, .max_slots = 2}, predict, scratch, a}, out);
+  return out;
 }
 
 }  // namespace
@@ -136,7 +156,7 @@ TEST_CASE("the automatic stride is the best predicted k, or all-CPU") {
     for (std::uint32_t k = 1; k <= 8; ++k) best = std::min(best, predict_stride(m, shapes, k));
     Plan plan, scratch;
     std::vector<Place> a, resident(shapes.size(), Place::cpu);
-    const double chosen = choose_plan(plan, scratch, a, shapes, resident, Policy{.kind = PolicyKind::automatic_stride},
+    const double chosen = choose_plan(plan, scratch, a, shapes, resident, AutomaticStride{},
                                       {.budget = ~std::size_t{0}, .max_slots = 2}, m);
     CHECK(chosen == doctest::Approx(best));
     CHECK(m.predict(plan) == doctest::Approx(chosen));
@@ -148,7 +168,7 @@ TEST_CASE("with CPU and device path equally fast, the automatic stride is 2 (k =
   const auto shapes = uniform(64, 1'000'000);
   Plan plan, scratch;
   std::vector<Place> a, resident(shapes.size(), Place::cpu);
-  choose_plan(plan, scratch, a, shapes, resident, Policy{}, {.budget = ~std::size_t{0}, .max_slots = 2}, m);
+  choose_plan(plan, scratch, a, shapes, resident, AutomaticStride{}, {.budget = ~std::size_t{0}, .max_slots = 2}, m);
   CHECK(plan.stride == 2);
 }
 
@@ -163,26 +183,25 @@ TEST_CASE("balanced assignment evens out uneven subgroups") {
   const FirstOrderCostModel m(profile);
   Plan plan, scratch;
   std::vector<Place> a, resident(shapes.size(), Place::cpu);
-  const double balanced = choose_plan(plan, scratch, a, shapes, resident, Policy{.kind = PolicyKind::balanced},
+  const double balanced = choose_plan(plan, scratch, a, shapes, resident, Balanced{},
                                       {.budget = ~std::size_t{0}, .max_slots = 2}, m);
   CHECK(plan.device_subgroups() > 0);
   CHECK(balanced < 0.75 * predict_stride(m, shapes, 0));
   // A device path that is hopeless gets nothing.
   HardwareProfile slow = profile;
   slow.h2d_bandwidth = slow.d2h_bandwidth = 1;
-  choose_plan(plan, scratch, a, shapes, resident, Policy{.kind = PolicyKind::balanced},
+  choose_plan(plan, scratch, a, shapes, resident, Balanced{},
               {.budget = ~std::size_t{0}, .max_slots = 2}, FirstOrderCostModel(slow));
   CHECK(plan.device_subgroups() == 0);
 }
 
 TEST_CASE("static fraction keeps its residents and runs the rest on the CPU") {
-  std::vector<Place> resident;
-  resident_assignment(resident, 10, 0.3);
-  CHECK(std::count(resident.begin(), resident.end(), Place::resident) == 3);
   const auto shapes = uniform(10, 1000);
+  std::vector<Place> resident = residency_of(StaticFraction{0.3}, shapes);
+  CHECK(std::count(resident.begin(), resident.end(), Place::resident) == 3);
   Plan plan, scratch;
   std::vector<Place> a;
-  choose_plan(plan, scratch, a, shapes, resident, Policy{.kind = PolicyKind::static_fraction, .fraction = 0.3},
+  choose_plan(plan, scratch, a, shapes, resident, StaticFraction{0.3},
               {.budget = 0, .max_slots = 2}, FirstOrderCostModel(profile));
   CHECK(plan.device_subgroups() == 3);
   CHECK(plan.slots == 0);
@@ -191,8 +210,9 @@ TEST_CASE("static fraction keeps its residents and runs the rest on the CPU") {
 TEST_CASE("calibrate measures the emulated device's throttles and link") {
   const CalibrationSizes small{.cpu_elements = 1 << 16, .copy_bytes = 2 << 20, .device_elements = 1 << 14,
                                .repetitions = 2};
+  cpu::CpuAdamExecutor cpu({.threads = 1});
   EmulatedDeviceBackend duplex({.threads = 1}, {.h2d_bandwidth = 100e6, .d2h_bandwidth = 50e6, .device_rate = 2e7});
-  const HardwareProfile p = calibrate(duplex, small);
+  const HardwareProfile p = calibrate(duplex, cpu, small);
   CHECK(p.cpu_rate > 0);
   CHECK(p.host_bandwidth > 0);
   CHECK(p.h2d_bandwidth <= 100e6 * 1.01);  // a throttle is an upper bound
@@ -201,7 +221,7 @@ TEST_CASE("calibrate measures the emulated device's throttles and link") {
   CHECK(p.device_rate <= 2e7 * 1.01);
   CHECK(p.duplex);
   EmulatedDeviceBackend shared({.threads = 1}, {.h2d_bandwidth = 100e6, .d2h_bandwidth = 100e6, .duplex = false});
-  CHECK_FALSE(calibrate(shared, small).duplex);
+  CHECK_FALSE(calibrate(shared, cpu, small).duplex);
 }
 
 TEST_CASE("refinement learns each kind of plan's residual: a plan measured 20% slow is predicted slower") {

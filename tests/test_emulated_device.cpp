@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 #include <dos/backend/emulated_device.hpp>
+#include <dos/optim/adam.hpp>
 #include <dos/memory/device_buffer.hpp>
 
 #include <chrono>

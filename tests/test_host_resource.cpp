@@ -1,4 +1,4 @@
-// Host memory: alignment, zero initialisation (ALGORITHM.md trap 5.4), ownership.
+// Host memory: alignment, zero initialisation (docs/design.md, "Traps" 4), ownership.
 
 #include <doctest/doctest.h>
 #include <dos/memory/host_resource.hpp>

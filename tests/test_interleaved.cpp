@@ -1,6 +1,6 @@
 // InterleavedOptimizer<EmulatedDeviceBackend>: bit-identical to the all-CPU backend
 // for every policy, stride, subgroup count and budget, with fp32/bf16/fp16 tensors on
-// the host and on the device; the traps of ALGORITHM.md section 5; budget fallback;
+// the host and on the device; the traps of docs/design.md; budget fallback;
 // bad input; checkpoints of device and resident state.
 
 #include "support/backend_compare.hpp"
@@ -34,30 +34,30 @@ TEST_CASE("bit-identical to the all-CPU backend: every policy, k = 1..8, counts 
   constexpr std::size_t subgroup = 256;
   for (std::size_t count : {8u, 12u, 13u})
     for (std::size_t slots : {1u, 2u, 0u})
-      for (const Policy& policy : every_policy()) {
+      for (const AnyPolicy& policy : every_policy()) {
         CAPTURE(count);
         CAPTURE(slots);
-        CAPTURE(policy_name(policy.kind));
-        CAPTURE(policy.stride);
+        CAPTURE(policy.name());
+        const auto* fixed = policy.target<FixedStride>();
+        CAPTURE((fixed != nullptr ? fixed->stride : 0u));
         const auto specs = test::one_per_subgroup(count, subgroup, count * 7 + slots);
         const auto reports = compare_trajectories(specs, policy, subgroup, slots, 50, count);
         for (const StepReport& r : reports) {
           CHECK(r.fallback.empty());
-          if (policy.kind == PolicyKind::fixed_stride) {
-            CHECK(r.stride == policy.stride);
-            CHECK(r.device_subgroups == (count + policy.stride - 1) / policy.stride);
+          if (fixed != nullptr) {
+            CHECK(r.stride == fixed->stride);
+            CHECK(r.device_subgroups == (count + fixed->stride - 1) / fixed->stride);
           }
-          if (policy.kind == PolicyKind::all_cpu) CHECK(r.device_subgroups == 0);
+          if (policy.target<AllCpu>() != nullptr) CHECK(r.device_subgroups == 0);
         }
       }
 }
 
 TEST_CASE("bit-identical with tensors packed several to a subgroup and split across subgroups") {
   for (std::uint64_t seed = 1; seed <= 4; ++seed)
-    for (const Policy& policy : every_policy()) {
+    for (const AnyPolicy& policy : every_policy()) {
       CAPTURE(seed);
-      CAPTURE(policy_name(policy.kind));
-      CAPTURE(policy.stride);
+      CAPTURE(policy.name());
       compare_trajectories(test::any_sizes(9, 900, seed), policy, 320, 2, 12);
     }
 }
@@ -69,7 +69,7 @@ TEST_CASE("trap 5.1: 16-bit formats are never reinterpreted as each other") {
   for (DType t : {DType::bf16, DType::f16})
     for (Device d : {Device::host, Device::device}) specs.push_back({300, t, d, 0});
   MixedModel device(specs, {AdamW{.lr = 1e-2}});
-  DeviceOptimizer opt(device.groups(), device_options({.kind = PolicyKind::fixed_stride, .stride = 2}, 256));
+  DeviceOptimizer opt(device.groups(), device_options(FixedStride{2}, 256));
   for (int t = 1; t <= 10; ++t) {
     device.set_gradients(t);
     opt.step();
@@ -84,7 +84,7 @@ TEST_CASE("trap 5.1: 16-bit formats are never reinterpreted as each other") {
     }
   }
   CHECK(opt.timeline().plan.device_subgroups() > 0);
-  compare_trajectories(specs, {.kind = PolicyKind::fixed_stride, .stride = 1}, 256, 2, 20);
+  compare_trajectories(specs, FixedStride{1}, 256, 2, 20);
 }
 
 TEST_CASE("trap 5.2: the last subgroup is written back when it is a device subgroup with nothing after it") {
@@ -96,7 +96,7 @@ TEST_CASE("trap 5.2: the last subgroup is written back when it is a device subgr
     const auto specs = test::one_per_subgroup(count, 128, k);
     for (std::size_t slots : {1u, 2u}) {
       const auto reports =
-          compare_trajectories(specs, {.kind = PolicyKind::fixed_stride, .stride = k}, 128, slots, 5, count);
+          compare_trajectories(specs, FixedStride{k}, 128, slots, 5, count);
       CHECK(reports.back().device_subgroups == 5);
     }
   }
@@ -113,7 +113,7 @@ TEST_CASE("trap 5.4: pinned state starts at zero although pinned memory arrives 
   for (float x : raw.span()) CHECK(x == 0.0f);
 
   MixedModel device(test::one_per_subgroup(6, 128, 3), two_groups);
-  DeviceOptimizer opt(device.groups(), device_options({.kind = PolicyKind::static_fraction, .fraction = 0.5}, 128));
+  DeviceOptimizer opt(device.groups(), device_options(StaticFraction{0.5}, 128));
   for (std::size_t q = 0; q < opt.num_params(); ++q) {
     std::vector<float> m(opt.param_numel(q)), v(opt.param_numel(q));
     opt.read_state(q, StateKind::exp_avg, m);
@@ -126,9 +126,8 @@ TEST_CASE("a budget smaller than one subgroup falls back to the CPU with a reaso
   const auto specs = test::one_per_subgroup(6, 256, 11);
   MixedModel host(specs, two_groups, true), device(specs, two_groups);
   CpuOptimizer reference(host.groups(), Options{.subgroup_elements = 256, .threads = 1});
-  for (const Policy& policy : {Policy{.kind = PolicyKind::fixed_stride, .stride = 2}, Policy{.kind = PolicyKind::automatic_stride},
-                               Policy{.kind = PolicyKind::balanced}}) {
-    CAPTURE(policy_name(policy.kind));
+  for (const AnyPolicy& policy : {AnyPolicy(FixedStride{2}), AnyPolicy(AutomaticStride{}), AnyPolicy(Balanced{})}) {
+    CAPTURE(policy.name());
     DeviceOptimizer opt(device.groups(), device_options(policy, 256));
     std::size_t smallest = opt.staging_slot_bytes();
     for (const SubgroupShape& s : opt.subgroup_shapes()) smallest = std::min(smallest, s.slot_bytes);
@@ -142,11 +141,11 @@ TEST_CASE("a budget smaller than one subgroup falls back to the CPU with a reaso
     opt.set_staging_budget(opt.staging_slot_bytes());
     device.set_gradients(2);
     const StepReport again = opt.step();
-    if (policy.kind != PolicyKind::automatic_stride) CHECK(again.device_subgroups > 0);
+    if (policy.target<AutomaticStride>() == nullptr) CHECK(again.device_subgroups > 0);
     CHECK(again.fallback.empty());
   }
   // A budget below one slot at construction: no pool at all, and every step falls back.
-  Options o = device_options({.kind = PolicyKind::fixed_stride, .stride = 1}, 256);
+  Options o = device_options(FixedStride{1}, 256);
   o.interleave.staging_budget = 1000;
   DeviceOptimizer tiny(device.groups(), o);
   CHECK(tiny.staging_pool().capacity == 0);
@@ -160,7 +159,7 @@ TEST_CASE("a budget smaller than one subgroup falls back to the CPU with a reaso
 TEST_CASE("plans use at most the budget's slots, and the pool reports its peak") {
   const auto specs = test::one_per_subgroup(9, 256, 5);
   MixedModel device(specs, two_groups);
-  DeviceOptimizer opt(device.groups(), device_options({.kind = PolicyKind::fixed_stride, .stride = 1}, 256, 0));
+  DeviceOptimizer opt(device.groups(), device_options(FixedStride{1}, 256, 0));
   CHECK(opt.staging_pool().capacity == 9);
   for (std::size_t slots : {1u, 2u, 9u}) {
     opt.set_staging_budget(slots * opt.staging_slot_bytes());
@@ -176,20 +175,20 @@ TEST_CASE("plans use at most the budget's slots, and the pool reports its peak")
 TEST_CASE("bad input: invalid policies are rejected with messages that name them") {
   const auto specs = test::one_per_subgroup(4, 128, 2);
   MixedModel device(specs, two_groups);
-  CHECK_THROWS_WITH_AS(DeviceOptimizer(device.groups(), device_options({.kind = PolicyKind::fixed_stride, .stride = 0}, 128)),
+  CHECK_THROWS_WITH_AS(DeviceOptimizer(device.groups(), device_options(FixedStride{0}, 128)),
                        "dos: policy stride must be >= 1, got 0", std::invalid_argument);
   CHECK_THROWS_WITH_AS(
-      DeviceOptimizer(device.groups(), device_options({.kind = PolicyKind::static_fraction, .fraction = 1.5}, 128)),
+      DeviceOptimizer(device.groups(), device_options(StaticFraction{1.5}, 128)),
       "dos: policy fraction must be in [0, 1], got 1.5", std::invalid_argument);
-  DeviceOptimizer opt(device.groups(), device_options({.kind = PolicyKind::fixed_stride, .stride = 2}, 128));
-  CHECK_THROWS_WITH_AS(opt.set_policy({.kind = PolicyKind::static_fraction}),
-                       "dos: the static_fraction policy fixes residency at construction; it cannot be switched to, "
-                       "from or resized (was fixed_stride, asked for static_fraction)",
+  DeviceOptimizer opt(device.groups(), device_options(FixedStride{2}, 128));
+  CHECK_THROWS_WITH_AS(opt.set_policy(StaticFraction{}),
+                       "dos: policy static_fraction would keep other subgroups resident than policy fixed_stride, "
+                       "chosen at construction; residency cannot change after construction",
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(opt.set_policy({.kind = PolicyKind::automatic_stride, .max_stride = 0}),
+  CHECK_THROWS_WITH_AS(opt.set_policy(AutomaticStride{0}),
                        "dos: policy max_stride must be >= 1, got 0", std::invalid_argument);
-  CHECK(opt.policy().kind == PolicyKind::fixed_stride);
-  CHECK(opt.policy().stride == 2);
+  REQUIRE(opt.policy().target<FixedStride>() != nullptr);
+  CHECK(opt.policy().target<FixedStride>()->stride == 2);
 }
 
 namespace {
@@ -212,7 +211,7 @@ TEST_CASE("a value or gradient that moves between places is rejected before any 
   std::vector<float> value(64, 1.0f), grad(64, 0.5f);
   Device value_device = Device::host, grad_device = Device::host;
   std::vector<Movable> params{{value.data(), grad.data(), 64, &value_device, &grad_device}};
-  DeviceOptimizer opt(params, Adam{}, device_options({.kind = PolicyKind::fixed_stride, .stride = 1}, 64));
+  DeviceOptimizer opt(params, Adam{}, device_options(FixedStride{1}, 64));
   opt.step();
   const auto before = all_state(opt);
   const auto value_before = value;
@@ -235,12 +234,12 @@ TEST_CASE("a value or gradient that moves between places is rejected before any 
 TEST_CASE("checkpoints: read_state and write_state round-trip device, mirrored and resident state") {
   const auto specs = test::one_per_subgroup(6, 128, 21);
   MixedModel a(specs, two_groups), b(specs, two_groups);
-  DeviceOptimizer first(a.groups(), device_options({.kind = PolicyKind::static_fraction, .fraction = 0.5}, 128));
+  DeviceOptimizer first(a.groups(), device_options(StaticFraction{0.5}, 128));
   for (int t = 1; t <= 5; ++t) {
     a.set_gradients(t);
     first.step();
   }
-  DeviceOptimizer second(b.groups(), device_options({.kind = PolicyKind::fixed_stride, .stride = 2}, 128));
+  DeviceOptimizer second(b.groups(), device_options(FixedStride{2}, 128));
   const auto order = a.optimizer_order();
   for (std::size_t p = 0; p < first.num_params(); ++p) {
     std::vector<float> tmp(first.param_numel(p));
@@ -268,7 +267,7 @@ TEST_CASE("checkpoints: read_state and write_state round-trip device, mirrored a
 TEST_CASE("skip_step sees non-finite gradients on the device and changes nothing") {
   const auto specs = test::one_per_subgroup(6, 128, 4);
   MixedModel device(specs, two_groups);
-  Options o = device_options({.kind = PolicyKind::fixed_stride, .stride = 2}, 128);
+  Options o = device_options(FixedStride{2}, 128);
   o.nonfinite = NonFinitePolicy::skip_step;
   DeviceOptimizer opt(device.groups(), o);
   device.set_gradients(1);
@@ -291,7 +290,7 @@ TEST_CASE("skip_step sees non-finite gradients on the device and changes nothing
 TEST_CASE("every step leaves a timeline: one measured and one predicted entry per op, a summary and a trace") {
   const auto specs = test::one_per_subgroup(7, 256, 8);
   MixedModel device(specs, two_groups);
-  DeviceOptimizer opt(device.groups(), device_options({.kind = PolicyKind::fixed_stride, .stride = 3}, 256));
+  DeviceOptimizer opt(device.groups(), device_options(FixedStride{3}, 256));
   device.set_gradients(1);
   const StepReport r = opt.step();
   const StepTimeline& t = opt.timeline();
@@ -316,9 +315,8 @@ TEST_CASE("every step leaves a timeline: one measured and one predicted entry pe
 TEST_CASE("resident subgroups keep edits the framework makes to fp32 host values, like every other path") {
   // The fp32 host value is the master on every path; a resident subgroup uploads it.
   std::vector<float> value(64, 1.0f), grad(64, 0.0f);
-  for (const Policy& policy : {Policy{.kind = PolicyKind::static_fraction, .fraction = 1.0},
-                               Policy{.kind = PolicyKind::fixed_stride, .stride = 1}, Policy{.kind = PolicyKind::all_cpu}}) {
-    CAPTURE(policy_name(policy.kind));
+  for (const AnyPolicy& policy : {AnyPolicy(StaticFraction{1.0}), AnyPolicy(FixedStride{1}), AnyPolicy(AllCpu{})}) {
+    CAPTURE(policy.name());
     std::fill(value.begin(), value.end(), 1.0f);
     std::vector<HostParam<float>> params{{value, grad}};
     DeviceOptimizer opt(params, Adam{}, device_options(policy, 64));
@@ -348,7 +346,7 @@ TEST_CASE("write_state on a resident subgroup follows a value the framework move
   std::vector<float> first(64, 1.0f), second(64, 1.0f), grad(64, 0.0f);
   float* where = first.data();
   std::vector<Relocatable> params{{&where, grad.data(), 64}};
-  DeviceOptimizer opt(params, Adam{}, device_options({.kind = PolicyKind::static_fraction, .fraction = 1.0}, 64));
+  DeviceOptimizer opt(params, Adam{}, device_options(StaticFraction{1.0}, 64));
   opt.step();
   where = second.data();                          // the framework moved the storage
   std::fill(first.begin(), first.end(), -7.0f);   // and reused the old buffer
@@ -380,7 +378,7 @@ TEST_CASE("bytes moved count each gradient at its own type") {
   std::vector<bf16> value(n, bf16(0.5f));
   std::vector<float> grad(n, 0.25f);
   std::vector<Bf16WithFp32Grad> params{{value.data(), grad.data(), n}};
-  DeviceOptimizer opt(params, Adam{}, device_options({.kind = PolicyKind::fixed_stride, .stride = 1}, n));
+  DeviceOptimizer opt(params, Adam{}, device_options(FixedStride{1}, n));
   const StepReport r = opt.step();
   // Up: m, v, master (12 B) and the fp32 gradient (4 B); down: m, v, master and the bf16 value (2 B).
   CHECK(opt.subgroup_shapes()[0].upload_bytes == n * 16);
@@ -391,7 +389,7 @@ TEST_CASE("bytes moved count each gradient at its own type") {
 TEST_CASE("calibration runs before the staging pool takes the free device memory") {
   const auto specs = test::one_per_subgroup(6, 1 << 20, 4);
   MixedModel device(specs, two_groups);
-  Options o = device_options({.kind = PolicyKind::fixed_stride, .stride = 2}, 1 << 20, 0);
+  Options o = device_options(FixedStride{2}, 1 << 20, 0);
   o.interleave.profile.reset();  // measure
   // Room for the model's slots and the calibration scratch, but not both at once.
   InterleavedOptimizer<EmulatedDeviceBackend> opt(device.groups(), o,
@@ -404,9 +402,9 @@ TEST_CASE("calibration runs before the staging pool takes the free device memory
 
 TEST_CASE("clipping and the backward-phase API give the all-CPU backend's bits, with device gradients") {
   const auto specs = test::one_per_subgroup(9, 256, 31);
-  for (const Policy& policy : {Policy{.kind = PolicyKind::fixed_stride, .stride = 3}, Policy{.kind = PolicyKind::automatic_stride},
-                               Policy{.kind = PolicyKind::static_fraction, .fraction = 0.3}}) {
-    CAPTURE(policy_name(policy.kind));
+  for (const AnyPolicy& policy : {AnyPolicy(FixedStride{3}), AnyPolicy(AutomaticStride{}), AnyPolicy(StaticFraction{0.3}),
+                                  AnyPolicy(ResidentThenStride{})}) {
+    CAPTURE(policy.name());
     const auto clipped = compare_trajectories(specs, policy, 256, 2, 20, 9, {.max_grad_norm = 0.05});
     CHECK(clipped.front().clip_coef < 1);
     const auto early = compare_trajectories(specs, policy, 256, 2, 20, 9, {.max_grad_norm = 0.05, .backward_api = true});
@@ -417,7 +415,7 @@ TEST_CASE("clipping and the backward-phase API give the all-CPU backend's bits, 
 TEST_CASE("grad_ready() starts device-gradient copies for CPU subgroups during backward") {
   const auto specs = test::one_per_subgroup(6, 256, 12);
   MixedModel device(specs, two_groups);
-  DeviceOptimizer opt(device.groups(), device_options({.kind = PolicyKind::fixed_stride, .stride = 2}, 256));
+  DeviceOptimizer opt(device.groups(), device_options(FixedStride{2}, 256));
   opt.begin_backward();
   device.set_gradients(1);
   for (std::size_t p = opt.num_params(); p-- > 0;) opt.grad_ready(p);
@@ -439,7 +437,7 @@ TEST_CASE("an overflowing step after early fetches leaves nothing behind for the
   MixedModel host(specs, two_groups, true), device(specs, two_groups);
   Options ro{.subgroup_elements = 256, .threads = 1};
   ro.loss_scaling = LossScaling{.init_scale = 1};
-  Options o = device_options({.kind = PolicyKind::fixed_stride, .stride = 2}, 256);
+  Options o = device_options(FixedStride{2}, 256);
   o.loss_scaling = ro.loss_scaling;
   CpuOptimizer reference(host.groups(), ro);
   DeviceOptimizer opt(device.groups(), o);

@@ -38,7 +38,7 @@ struct Fixture {
 
 // Every byte of optimizer-owned and framework-owned state.
 template <class Opt>
-std::vector<float> snapshot(const Opt& opt, const Fixture& f) {
+std::vector<float> snapshot(Opt& opt, const Fixture& f) {
   std::vector<float> all;
   for (auto kind : {StateKind::master, StateKind::exp_avg, StateKind::exp_avg_sq}) {
     const auto s = test::read_all(opt, kind);

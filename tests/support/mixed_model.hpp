@@ -127,6 +127,7 @@ class BasicMixedModel {
     std::vector<std::byte> out;
     for (std::size_t t = 0; t < specs_.size(); ++t) {
       std::vector<std::byte> tmp(specs_[t].numel * dtype_size(specs_[t].dtype));
+      if (tmp.empty()) continue;  // an empty tensor has no storage to read
       if (specs_[t].device == Device::host) std::memcpy(tmp.data(), value(t), tmp.size());
       else Access::read(tmp.data(), value(t), tmp.size());
       out.insert(out.end(), tmp.begin(), tmp.end());
@@ -141,6 +142,7 @@ class BasicMixedModel {
     const TensorSpec& s = specs_[t];
     std::vector<std::byte> tmp(s.numel * dtype_size(s.dtype));
     for (std::size_t i = 0; i < s.numel; ++i) store_as(tmp.data(), s.dtype, i, f(i));
+    if (tmp.empty()) return;
     if (s.device == Device::host) std::memcpy(dst, tmp.data(), tmp.size());
     else Access::write(dst, tmp.data(), tmp.size());
   }

@@ -46,7 +46,7 @@ struct Model {
 
 /// Everything the optimizer holds, flattened in tensor order.
 template <class Optimizer>
-std::vector<float> read_all(const Optimizer& opt, StateKind kind) {
+std::vector<float> read_all(Optimizer& opt, StateKind kind) {
   std::vector<float> out;
   for (std::size_t p = 0; p < opt.num_params(); ++p) {
     std::vector<float> tmp(opt.param_numel(p));

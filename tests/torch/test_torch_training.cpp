@@ -28,7 +28,7 @@ double warmup(std::int64_t i) { return kPeak * std::min<double>(1.0, static_cast
 Options dos_options() {
   Options o{.subgroup_elements = 1000, .threads = 2};
   o.max_grad_norm = kMaxNorm;
-  o.interleave.policy = {.kind = PolicyKind::fixed_stride, .stride = 2};
+  o.interleave.policy = FixedStride{2};
   o.interleave.profile = HardwareProfile{.cpu_rate = 1e9, .device_rate = 1e10, .h2d_bandwidth = 1e10,
                                          .d2h_bandwidth = 1e10};
   o.interleave.validate_plans = true;

@@ -19,7 +19,6 @@
 #include "dos/cuda/error.hpp"
 #include "dos/cuda/kernels.hpp"
 #include "dos/memory/host_resource.hpp"
-#include "dos/options.hpp"
 
 #include <cuda_runtime_api.h>
 #include <fmt/core.h>
@@ -156,13 +155,14 @@ class PinnedMemory {
 class CudaBackend {
  public:
   using Config = CudaConfig;
+  static constexpr bool is_device_backend = true;
 
   using Stream = cuda::Handle<cudaStream_t, cudaStreamDestroy>;
   using Event = cuda::Handle<cudaEvent_t, cudaEventDestroy>;
 
   /// @throws cuda_error when there is no usable GPU and `on_missing` is `throw_error`.
-  explicit CudaBackend(const Options& options = {}, const Config& config = {})
-      : config_(config), cpu_(options.threads, options.simd), device_{config.device}, pinned_(config.pin),
+  explicit CudaBackend(const cpu::CpuConfig& /*host*/ = {}, const Config& config = {})
+      : config_(config), device_{config.device}, pinned_(config.pin),
         reason_(cuda::unavailable_reason()) {
     if (!reason_.empty()) {
       if (config.on_missing == MissingDevice::throw_error) throw cuda_error("dos: " + reason_);
@@ -178,8 +178,6 @@ class CudaBackend {
   /// @brief Why the GPU is unavailable; empty when it is available.
   const std::string& unavailable_reason() const noexcept { return reason_; }
 
-  cpu::CpuAdamExecutor& cpu() noexcept { return cpu_; }
-  const cpu::CpuAdamExecutor& cpu() const noexcept { return cpu_; }
   cuda::DeviceMemory& device_memory() noexcept { return device_; }
   cuda::PinnedMemory& pinned_memory() noexcept { return pinned_; }
   const Config& config() const noexcept { return config_; }
@@ -187,21 +185,21 @@ class CudaBackend {
   Stream make_stream() const {
     use_device();
     cudaStream_t s = nullptr;
-    cuda::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    DOS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     return Stream(s);
   }
   Event make_event() const {
     use_device();
     cudaEvent_t e = nullptr;
-    cuda::check(cudaEventCreate(&e), "cudaEventCreate");
+    DOS_CUDA_CHECK(cudaEventCreate(&e));
     return Event(e);
   }
 
   void copy_h2d(void* dst, const void* src, std::size_t bytes, Stream& s) {
-    cuda::check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s.get()), "cudaMemcpyAsync host to device");
+    DOS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s.get()));
   }
   void copy_d2h(void* dst, const void* src, std::size_t bytes, Stream& s) {
-    cuda::check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s.get()), "cudaMemcpyAsync device to host");
+    DOS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s.get()));
   }
   /// @brief Copies the descriptors into the launch's parameters, so @p segments may
   ///        be reused as soon as this returns.
@@ -211,27 +209,27 @@ class CudaBackend {
   }
   /// @brief Nothing to do on a real device: dead staging is simply overwritten.
   void discard(void*, std::size_t, Stream&) noexcept {}
-  void record(Event& e, Stream& s) { cuda::check(cudaEventRecord(e.get(), s.get()), "cudaEventRecord"); }
-  void wait(Stream& s, Event& e) { cuda::check(cudaStreamWaitEvent(s.get(), e.get(), 0), "cudaStreamWaitEvent"); }
-  void synchronize(Event& e) { cuda::check(cudaEventSynchronize(e.get()), "cudaEventSynchronize"); }
-  void synchronize(Stream& s) { cuda::check(cudaStreamSynchronize(s.get()), "cudaStreamSynchronize"); }
+  void record(Event& e, Stream& s) { DOS_CUDA_CHECK(cudaEventRecord(e.get(), s.get())); }
+  void wait(Stream& s, Event& e) { DOS_CUDA_CHECK(cudaStreamWaitEvent(s.get(), e.get(), 0)); }
+  void synchronize(Event& e) { DOS_CUDA_CHECK(cudaEventSynchronize(e.get())); }
+  void synchronize(Stream& s) { DOS_CUDA_CHECK(cudaStreamSynchronize(s.get())); }
   /// @brief Blocks until the framework's stream has finished what it was given: dos's
   ///        streams are non-blocking, so nothing else orders them after backward.
   void wait_for_framework() {
     if (!available()) return;
     use_device();
-    cuda::check(cudaStreamSynchronize(config_.framework_stream), "cudaStreamSynchronize(framework stream)");
+    DOS_CUDA_CHECK(cudaStreamSynchronize(config_.framework_stream));
   }
   double elapsed(const Event& from, const Event& to) const {
     float ms = 0;
-    cuda::check(cudaEventElapsedTime(&ms, from.get(), to.get()), "cudaEventElapsedTime");
+    DOS_CUDA_CHECK(cudaEventElapsedTime(&ms, from.get(), to.get()));
     return static_cast<double>(ms) * 1e-3;
   }
   /// @brief Free device memory now, minus the reserve.
   std::size_t staging_bytes_available() const {
     if (!available()) return 0;
     std::size_t free = 0, total = 0;
-    cuda::check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    DOS_CUDA_CHECK(cudaMemGetInfo(&free, &total));
     return free > config_.reserve_bytes ? free - config_.reserve_bytes : 0;
   }
   GradStats grad_stats(const void* device_data, DType dtype, std::size_t count) {
@@ -244,11 +242,10 @@ class CudaBackend {
   // The current device is per host thread: set it on every entry that creates or
   // launches, since autograd hooks and training threads call from other threads.
   void use_device() const {
-    if (available()) cuda::check(cudaSetDevice(config_.device), "cudaSetDevice");
+    if (available()) DOS_CUDA_CHECK(cudaSetDevice(config_.device));
   }
 
   Config config_;
-  cpu::CpuAdamExecutor cpu_;
   cuda::DeviceMemory device_;
   cuda::PinnedMemory pinned_;
   std::string reason_;

@@ -10,11 +10,10 @@
 /// Events follow CUDA: `wait` and `synchronize` refer to the most recent `record`.
 
 #include "dos/backend/device_segment.hpp"
+#include "dos/core/grad_stats.hpp"
 #include "dos/core/tensor.hpp"
-#include "dos/cpu/cpu_adam.hpp"
-#include "dos/cpu/kernel.hpp"
+#include "dos/cpu/executor.hpp"
 #include "dos/memory/host_resource.hpp"
-#include "dos/optim/adam.hpp"
 
 #include <concepts>
 #include <cstddef>
@@ -22,7 +21,19 @@
 
 namespace dos {
 
+/// @brief A backend opts in to being a device backend with
+///        `static constexpr bool is_device_backend = true;`. From then on it must model
+///        `DeviceBackend` in full, or the optimizer refuses it at compile time, instead
+///        of quietly running everything on the CPU.
+template <class B>
+concept DeclaresDeviceBackend = requires { requires B::is_device_backend; };
+
 /// @brief A device the interleaved engine can stream optimizer state through.
+///
+/// Besides the operations below: `B::Config` (its own settings) and construction as
+/// `B(const cpu::CpuConfig&, const B::Config&)`; the CPU configuration tells it, for
+/// instance, whether pinned blocks should use huge pages. The CPU executor is not the
+/// backend's: the optimizer owns it.
 /// @code
 /// template <dos::DeviceBackend B>
 /// void round_trip(B& b, float* host, float* dev, std::size_t n) {
@@ -36,12 +47,12 @@ namespace dos {
 /// }
 /// @endcode
 template <class B>
-concept DeviceBackend = requires(B& b, const B& cb, typename B::Stream& s, typename B::Event& e,
+concept DeviceBackend = DeclaresDeviceBackend<B> &&
+                        std::constructible_from<B, const cpu::CpuConfig&, const typename B::Config&> &&
+                        requires(B& b, const B& cb, typename B::Stream& s, typename B::Event& e,
                                  const typename B::Event& ce, void* dst, const void* src, std::size_t bytes, std::size_t count,
                                  std::span<const DeviceSegment> segments, DType dtype) {
-  typename B::Config;
   { cb.available() } -> std::convertible_to<bool>;  ///< false: no device, update on the CPU
-  { b.cpu() } -> std::same_as<cpu::CpuAdamExecutor&>;
   { b.device_memory() } -> MemoryResource;
   { b.pinned_memory() } -> MemoryResource;
   { b.make_stream() } -> std::same_as<typename B::Stream>;
@@ -59,5 +70,24 @@ concept DeviceBackend = requires(B& b, const B& cb, typename B::Stream& s, typen
   { cb.staging_bytes_available() } -> std::convertible_to<std::size_t>;
   { b.grad_stats(src, dtype, count) } -> std::same_as<GradStats>;  ///< of device memory; blocks
 };
+
+/// @brief A backend with no device: every subgroup is updated on the CPU (`CpuBackend`).
+///        It needs only `B::Config` and the same constructor as a device backend.
+template <class B>
+concept HostBackend = !DeclaresDeviceBackend<B> &&
+                      std::constructible_from<B, const cpu::CpuConfig&, const typename B::Config&>;
+
+/// @brief True for a backend the optimizer can use; otherwise a compile error that
+///        names what is missing (the compiler's notes list the failed requirement).
+template <class B>
+consteval bool check_backend() {
+  if constexpr (DeclaresDeviceBackend<B>)
+    static_assert(DeviceBackend<B>, "dos: this backend declares is_device_backend but does not model "
+                                    "dos::DeviceBackend; the notes below name the requirement it misses");
+  else
+    static_assert(HostBackend<B>, "dos: a backend needs a Config type and a constructor "
+                                  "(const cpu::CpuConfig&, const Config&)");
+  return true;
+}
 
 }  // namespace dos

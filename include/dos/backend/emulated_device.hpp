@@ -19,7 +19,6 @@
 #include "dos/backend/device_backend.hpp"
 #include "dos/cpu/cpu_adam.hpp"
 #include "dos/cpu/simd.hpp"
-#include "dos/options.hpp"
 
 #include <algorithm>
 #include <array>
@@ -246,6 +245,7 @@ class Worker {
 class EmulatedDeviceBackend {
  public:
   using Config = EmulatedDeviceConfig;
+  static constexpr bool is_device_backend = true;
 
   /// @brief An ordered queue; move-only.
   class Stream {
@@ -269,14 +269,12 @@ class EmulatedDeviceBackend {
     std::unique_ptr<emulated::EventState> state_;
   };
 
-  explicit EmulatedDeviceBackend(const Options& options = {}, const Config& config = {})
-      : config_(config), cpu_(options.threads, options.simd), device_(config.memory_bytes),
-        pinned_{options.huge_pages}, device_simd_(resolve_simd(config.simd)) {}
+  explicit EmulatedDeviceBackend(const cpu::CpuConfig& host = {}, const Config& config = {})
+      : config_(config), device_(config.memory_bytes), pinned_{host.huge_pages},
+        device_simd_(resolve_simd(config.simd)) {}
 
   /// @brief Always: the emulated device exists wherever the host does.
   bool available() const noexcept { return true; }
-  cpu::CpuAdamExecutor& cpu() noexcept { return cpu_; }
-  const cpu::CpuAdamExecutor& cpu() const noexcept { return cpu_; }
   emulated::DeviceMemory& device_memory() noexcept { return device_; }
   emulated::PinnedMemory& pinned_memory() noexcept { return pinned_; }
   const Config& config() const noexcept { return config_; }
@@ -360,7 +358,6 @@ class EmulatedDeviceBackend {
   }
 
   Config config_;
-  cpu::CpuAdamExecutor cpu_;
   emulated::DeviceMemory device_;
   emulated::PinnedMemory pinned_;
   SimdLevel device_simd_;

@@ -3,7 +3,7 @@
 /// @brief The two 16-bit floating-point parameter formats, `dos::bf16` and `dos::fp16`.
 ///
 /// They are distinct types on purpose: the reference code for this method once
-/// memcpy'd fp16 bytes into a bf16 buffer and training diverged (ALGORITHM.md 5.1).
+/// memcpy'd fp16 bytes into a bf16 buffer and training diverged (docs/design.md, "Traps").
 /// Here one format can only become the other through `float`, with a rounding.
 ///
 /// Conversions from `float` round to nearest, ties to even, and keep NaN a (quiet)

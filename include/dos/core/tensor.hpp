@@ -8,6 +8,7 @@
 /// and updates the value in place. Views are re-read at every step because
 /// frameworks may reallocate gradients between steps.
 
+#include "dos/config.hpp"
 #include "dos/core/float16.hpp"
 
 #include <cstddef>
@@ -28,6 +29,28 @@ enum class Device : std::uint8_t { host, device };
 /// @brief Size in bytes of one element of @p t.
 constexpr std::size_t dtype_size(DType t) noexcept { return t == DType::f32 ? 4 : 2; }
 
+/// @brief Whether @p t is one of the enumerators above. A `tensor_traits`
+///        specialisation can hand dos any byte; views are checked with this first.
+constexpr bool dtype_valid(DType t) noexcept { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+/// @brief Calls @p f with `std::type_identity<T>{}` for the element type `T` that @p t
+///        names: the one place a run-time `DType` becomes a C++ type (CPU kernels, the
+///        GPU kernel, value conversions). @p t must be valid (`dtype_valid`).
+/// @code
+/// float first(const dos::TensorView& v) {
+///   return dos::visit_dtype(v.dtype, [&](auto type) {
+///     using T = typename decltype(type)::type;
+///     return static_cast<float>(static_cast<const T*>(v.data)[0]);
+///   });
+/// }
+/// @endcode
+template <class F>
+DOS_HOST_DEVICE decltype(auto) visit_dtype(DType t, F&& f) {
+  if (t == DType::bf16) return f(std::type_identity<bf16>{});
+  if (t == DType::f16) return f(std::type_identity<fp16>{});
+  return f(std::type_identity<float>{});
+}
+
 /// @brief Human-readable name, for error messages and reports.
 constexpr std::string_view dtype_name(DType t) noexcept {
   switch (t) {
@@ -35,7 +58,7 @@ constexpr std::string_view dtype_name(DType t) noexcept {
     case DType::bf16: return "bfloat16";
     case DType::f16: return "float16";
   }
-  return "?";
+  return "invalid dtype";
 }
 
 /// @brief The `DType` of a C++ element type.
@@ -64,6 +87,21 @@ struct ConstTensorView {
   DType dtype = DType::f32;
   Device device = Device::host;
 };
+
+/// @brief Element @p i of host data of type @p dtype, as a float.
+inline float load_element(const void* data, DType dtype, std::size_t i) noexcept {
+  return visit_dtype(dtype, [&](auto type) {
+    using T = typename decltype(type)::type;
+    return static_cast<float>(static_cast<const T*>(data)[i]);
+  });
+}
+/// @brief Stores @p x, rounded to @p dtype, as element @p i of host data.
+inline void store_element(void* data, DType dtype, std::size_t i, float x) noexcept {
+  visit_dtype(dtype, [&](auto type) {
+    using T = typename decltype(type)::type;
+    static_cast<T*>(data)[i] = T(x);
+  });
+}
 
 /// @brief Customization point: specialise for a framework's parameter type.
 ///

@@ -1,15 +1,15 @@
 #pragma once
 /// @file
-/// @brief The CPU Adam executor: runs range kernels over a persistent thread pool.
+/// @brief `CpuAdamExecutor`, the default `CpuExecutor`: range kernels over a persistent
+///        thread pool, and the fused gradient pass.
 ///
-/// The optimizer hands it a list of segments (pointers refreshed every step) and a
-/// fixed list of chunks, cut once at construction, so a step allocates nothing.
 /// Each chunk runs with the default floating-point environment (round to nearest,
 /// no flush-to-zero, no denormals-are-zero): a consumer linked with -ffast-math sets
 /// FTZ/DAZ for the whole process, and the results must not change with it.
 
-#include "dos/backend/device_segment.hpp"
+#include "dos/core/grad_stats.hpp"
 #include "dos/core/tensor.hpp"
+#include "dos/cpu/executor.hpp"
 #include "dos/cpu/kernel.hpp"
 #include "dos/cpu/simd.hpp"
 #include "dos/cpu/thread_pool.hpp"
@@ -25,30 +25,6 @@
 
 namespace dos::cpu {
 
-/// @brief One segment as the executor sees it at one step.
-struct SegmentWork {
-  SegmentArgs args;
-  DType grad_dtype = DType::f32;
-  RangeKernel kernel = nullptr;
-  const AdamCoefficients<float>* coefficients = nullptr;
-};
-
-/// @brief Elements [begin, end) of segment `segment`; the unit one thread runs.
-struct Chunk {
-  std::uint32_t segment = 0;
-  std::size_t begin = 0;
-  std::size_t end = 0;
-};
-
-/// @brief Elements per chunk: about 1 MB of state traffic, enough to amortise the
-///        scheduling, small enough to balance two to a hundred threads.
-inline constexpr std::size_t chunk_elements = std::size_t{1} << 15;
-
-/// @brief Appends the chunks of a segment of @p count elements to @p out.
-inline void append_chunks(std::vector<Chunk>& out, std::uint32_t segment, std::size_t count) {
-  for (std::size_t b = 0; b < count; b += chunk_elements) out.push_back({segment, b, std::min(count, b + chunk_elements)});
-}
-
 namespace detail {
 
 /// Restores the caller's MXCSR on scope exit, after forcing the IEEE default.
@@ -63,25 +39,28 @@ class DefaultFloatEnvironment {
 #endif
 };
 
-template <class Bits>
-bool any_nonfinite(const void* data, std::size_t begin, std::size_t end, Bits exponent) noexcept {
-  const auto* p = static_cast<const Bits*>(data);
-  bool found = false;
-  for (std::size_t i = begin; i < end; ++i) found |= (p[i] & exponent) == exponent;
-  return found;
-}
+// Exponent bits of each element type: all ones means inf or NaN.
+template <class T>
+inline constexpr std::uint32_t exponent_mask = 0x7F800000u;
+template <>
+inline constexpr std::uint32_t exponent_mask<bf16> = 0x7F80u;
+template <>
+inline constexpr std::uint32_t exponent_mask<fp16> = 0x7C00u;
 
-}  // namespace detail
-
-namespace detail {
 template <class T>
 GradStats stats_of(const T* p, std::size_t begin, std::size_t end) noexcept {
+  using Bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint16_t>;
+  constexpr auto mask = static_cast<Bits>(exponent_mask<T>);
   double sum = 0;
+  bool found = false;
   for (std::size_t i = begin; i < end; ++i) {
     const double x = static_cast<float>(p[i]);
     sum += x * x;
+    Bits bits;
+    std::memcpy(&bits, p + i, sizeof bits);
+    found |= (bits & mask) == mask;
   }
-  return {sum, false};
+  return {sum, found};
 }
 }  // namespace detail
 
@@ -89,31 +68,17 @@ GradStats stats_of(const T* p, std::size_t begin, std::size_t end) noexcept {
 ///        elements [begin, end) of a gradient. The flag tests the exponent bits, so it
 ///        still works when the consumer compiles with -ffinite-math-only.
 inline GradStats grad_stats(const void* data, DType dtype, std::size_t begin, std::size_t end) noexcept {
-  GradStats s;
-  switch (dtype) {
-    case DType::f32:
-      s = detail::stats_of(static_cast<const float*>(data), begin, end);
-      s.nonfinite = detail::any_nonfinite<std::uint32_t>(data, begin, end, 0x7F800000u);
-      break;
-    case DType::bf16:
-      s = detail::stats_of(static_cast<const bf16*>(data), begin, end);
-      s.nonfinite = detail::any_nonfinite<std::uint16_t>(data, begin, end, std::uint16_t{0x7F80});
-      break;
-    case DType::f16:
-      s = detail::stats_of(static_cast<const fp16*>(data), begin, end);
-      s.nonfinite = detail::any_nonfinite<std::uint16_t>(data, begin, end, std::uint16_t{0x7C00});
-      break;
-  }
-  return s;
+  return visit_dtype(dtype, [&](auto type) {
+    using T = typename decltype(type)::type;
+    return detail::stats_of(static_cast<const T*>(data), begin, end);
+  });
 }
 
 /// @brief Runs Adam on the CPU, multi-threaded and vectorised.
 class CpuAdamExecutor {
  public:
-  /// @param threads 0 for every available hardware thread.
-  /// @param simd a forced kernel family, or `automatic`.
-  /// @throws std::invalid_argument when @p simd cannot run on this CPU.
-  CpuAdamExecutor(unsigned threads, SimdLevel simd) : level_(resolve_simd(simd)), pool_(threads) {}
+  /// @throws std::invalid_argument when `config.simd` cannot run on this CPU.
+  explicit CpuAdamExecutor(const CpuConfig& config = {}) : level_(resolve_simd(config.simd)), pool_(config.threads) {}
 
   unsigned threads() const noexcept { return pool_.size(); }
   SimdLevel simd_level() const noexcept { return level_; }
@@ -141,14 +106,18 @@ class CpuAdamExecutor {
     auto body = [&](std::size_t i) {
       const Chunk& c = chunks[i];
       const SegmentWork& s = segments[c.segment];
-      out[i] = cpu::grad_stats(s.args.grad, s.grad_dtype, c.begin, c.end);
+      out[i] = cpu::grad_stats(s.args.grad, s.grad, c.begin, c.end);
     };
     pool_.parallel_for(chunks.size(), body);
   }
+
+  /// @brief Runs @p body(i) for every i in [0, n) on the pool.
+  void parallel_for(std::size_t n, FunctionRef<void(std::size_t)> body) { pool_.parallel_for(n, body); }
 
  private:
   SimdLevel level_;
   ThreadPool pool_;
 };
+static_assert(CpuExecutor<CpuAdamExecutor>);
 
 }  // namespace dos::cpu

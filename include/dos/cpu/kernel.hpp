@@ -3,6 +3,7 @@
 /// @brief The contract between the CPU executor and its per-instruction-set kernels:
 ///        the pointers of one segment and the signature of a range update.
 
+#include "dos/core/tensor.hpp"
 #include "dos/optim/coefficients.hpp"
 
 #include <cstddef>
@@ -18,6 +19,17 @@ struct SegmentArgs {
   float* exp_avg = nullptr;     ///< m
   float* exp_avg_sq = nullptr;  ///< v
   float* max_exp_avg_sq = nullptr;  ///< vmax; null without amsgrad
+};
+
+/// @brief One segment as every executor sees it: its arrays, its length and its
+///        element types. The CPU's `SegmentWork` and the device's `DeviceSegment` are
+///        this plus the way each receives the step's coefficients.
+struct SegmentDesc {
+  SegmentArgs args;
+  std::size_t count = 0;     ///< elements
+  DType value = DType::f32;  ///< type of `args.param`
+  DType grad = DType::f32;   ///< type of `args.grad`
+  bool amsgrad = false;      ///< `args.max_exp_avg_sq` is used
 };
 
 /// @brief Updates elements [begin, end) of a segment with the given step coefficients.

@@ -86,24 +86,16 @@ RangeKernel pick_amsgrad(bool amsgrad) {
   return amsgrad ? Pick<P, G, true>::get() : Pick<P, G, false>::get();
 }
 
-template <template <class, class, bool> class Pick, class P>
-RangeKernel pick_grad(DType grad, bool amsgrad) {
-  switch (grad) {
-    case DType::f32: return pick_amsgrad<Pick, P, float>(amsgrad);
-    case DType::bf16: return pick_amsgrad<Pick, P, bf16>(amsgrad);
-    case DType::f16: return pick_amsgrad<Pick, P, fp16>(amsgrad);
-  }
-  return nullptr;
-}
-
 template <template <class, class, bool> class Pick>
 RangeKernel pick(DType value, DType grad, bool amsgrad) {
-  switch (value) {
-    case DType::f32: return pick_grad<Pick, float>(grad, amsgrad);
-    case DType::bf16: return pick_grad<Pick, bf16>(grad, amsgrad);
-    case DType::f16: return pick_grad<Pick, fp16>(grad, amsgrad);
-  }
-  return nullptr;
+  if (!dtype_valid(value) || !dtype_valid(grad)) return nullptr;
+  return visit_dtype(value, [&](auto p) {
+    return visit_dtype(grad, [&](auto g) {
+      using P = typename decltype(p)::type;
+      using G = typename decltype(g)::type;
+      return pick_amsgrad<Pick, P, G>(amsgrad);
+    });
+  });
 }
 
 template <class P, class G, bool A>

@@ -163,11 +163,7 @@ __device__ __forceinline__ void dispatch_flags(const DeviceSegment& s, std::size
 }
 template <class P>
 __device__ __forceinline__ void dispatch_grad(const DeviceSegment& s, std::size_t b, std::size_t e) {
-  switch (s.grad) {
-    case DType::f32: dispatch_flags<P, float>(s, b, e); break;
-    case DType::bf16: dispatch_flags<P, bf16>(s, b, e); break;
-    case DType::f16: dispatch_flags<P, fp16>(s, b, e); break;
-  }
+  visit_dtype(s.grad, [&](auto g) { dispatch_flags<P, typename decltype(g)::type>(s, b, e); });
 }
 
 __global__ void __launch_bounds__(threads_per_block) adam_kernel(const __grid_constant__ Batch batch) {
@@ -177,39 +173,24 @@ __global__ void __launch_bounds__(threads_per_block) adam_kernel(const __grid_co
   const std::size_t begin = (blockIdx.x - batch.first_block[s]) * per_block + threadIdx.x * per_thread;
   if (begin >= seg.count) return;
   const std::size_t end = begin + per_thread < seg.count ? begin + per_thread : seg.count;
-  switch (seg.value) {
-    case DType::f32: dispatch_grad<float>(seg, begin, end); break;
-    case DType::bf16: dispatch_grad<bf16>(seg, begin, end); break;
-    case DType::f16: dispatch_grad<fp16>(seg, begin, end); break;
-  }
+  visit_dtype(seg.value, [&](auto p) { dispatch_grad<typename decltype(p)::type>(seg, begin, end); });
 }
 
 struct ElementStats {
   const void* data;
   DType dtype;
   __host__ __device__ thrust::pair<double, int> operator()(std::size_t i) const {
-    std::uint32_t exponent_all_ones = 0;
     float x = 0;
-    switch (dtype) {
-      case DType::f32:
-        x = static_cast<const float*>(data)[i];
-        exponent_all_ones = (detail::float_bits(x) & 0x7F800000u) == 0x7F800000u;
-        break;
-      case DType::bf16: {
-        const bf16 h = static_cast<const bf16*>(data)[i];
-        exponent_all_ones = (h.bits & 0x7F80u) == 0x7F80u;
-        x = static_cast<float>(h);
-        break;
-      }
-      case DType::f16: {
-        const fp16 h = static_cast<const fp16*>(data)[i];
-        exponent_all_ones = (h.bits & 0x7C00u) == 0x7C00u;
-        x = static_cast<float>(h);
-        break;
-      }
-    }
+    bool nonfinite = false;
+    visit_dtype(dtype, [&](auto type) {
+      using T = typename decltype(type)::type;
+      const T h = static_cast<const T*>(data)[i];
+      x = static_cast<float>(h);
+      if constexpr (sizeof(T) == 4) nonfinite = (detail::float_bits(x) & 0x7F800000u) == 0x7F800000u;
+      else nonfinite = (h.bits & (std::is_same_v<T, bf16> ? 0x7F80u : 0x7C00u)) == (std::is_same_v<T, bf16> ? 0x7F80u : 0x7C00u);
+    });
     const double d = x;  // inf and NaN stay in the sum, as on the CPU: an inf gradient has an inf norm
-    return {d * d, exponent_all_ones != 0 ? 1 : 0};
+    return {d * d, nonfinite ? 1 : 0};
   }
 };
 struct AddStats {
@@ -236,8 +217,10 @@ void launch_adam(std::span<const DeviceSegment> segments, cudaStream_t stream) {
     }
     batch.first_block[batch.count] = blocks;
     if (blocks == 0) continue;
+    // An earlier, unrelated failure would otherwise be reported as this launch's.
+    (void)cudaGetLastError();
     adam_kernel<<<blocks, threads_per_block, 0, stream>>>(batch);
-    check(cudaGetLastError(), "launching the Adam kernel");
+    DOS_CUDA_CHECK(cudaGetLastError());
   }
 }
 

@@ -27,10 +27,18 @@ class cuda_error : public std::runtime_error {
 };
 
 namespace cuda {
-/// @brief Throws `cuda_error` naming @p call when @p code is not success.
-inline void check(cudaError_t code, std::string_view call) {
-  if (code != cudaSuccess) throw cuda_error(call, code);
+/// @brief Throws `cuda_error` naming @p call (and @p file:@p line when given) when
+///        @p code is not success. The runtime's last-error state is cleared first, so
+///        the next unrelated call does not report this failure as its own.
+inline void check(cudaError_t code, std::string_view call, const char* file = nullptr, int line = 0) {
+  if (code == cudaSuccess) return;
+  (void)cudaGetLastError();
+  if (file == nullptr) throw cuda_error(call, code);
+  throw cuda_error(std::string(call) + " at " + file + ":" + std::to_string(line), code);
 }
 }  // namespace cuda
 
 }  // namespace dos
+
+/// @brief Checks a CUDA runtime call, naming its text, file and line in the `cuda_error`.
+#define DOS_CUDA_CHECK(call) ::dos::cuda::check((call), #call, __FILE__, __LINE__)

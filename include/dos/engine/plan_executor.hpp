@@ -18,6 +18,8 @@
 #include "dos/schedule/timeline.hpp"
 
 #include <array>
+#include <cstdio>
+#include <exception>
 #include <chrono>
 #include <cstddef>
 #include <span>
@@ -33,6 +35,7 @@ class PlanExecutor {
   using PinnedMemory = std::remove_cvref_t<decltype(std::declval<B&>().pinned_memory())>;
   using Io = SubgroupIo<DeviceMemory, PinnedMemory>;
 
+  /// @param backend the device it runs on (kept by reference).
   /// @param max_ops the longest plan it will run (events are made for that many).
   /// @param slots, slot_bytes the staging pool, allocated now.
   PlanExecutor(B& backend, std::size_t max_ops, std::size_t slots, std::size_t slot_bytes)
@@ -45,6 +48,17 @@ class PlanExecutor {
       end_.push_back(b_.make_event());
     }
     leases_.reserve(slots);
+  }
+
+  PlanExecutor(const PlanExecutor&) = delete;
+  PlanExecutor& operator=(const PlanExecutor&) = delete;
+  /// @brief Waits for everything issued (early gradient fetches included) before the
+  ///        streams, events and staging slots go away.
+  ~PlanExecutor() { synchronize_noexcept(); }
+
+  /// @brief Waits until every stream is idle.
+  void synchronize() {
+    for (std::size_t l = 1; l < lane_count; ++l) b_.synchronize(streams_[l]);
   }
 
   std::size_t slots() const noexcept { return pool_.capacity(); }
@@ -63,6 +77,17 @@ class PlanExecutor {
       throw_invalid_argument("plan needs {} slots of {} B, the pool has {} of {} B", plan.slots, plan.slot_bytes,
                              pool_.capacity(), pool_.block_bytes());
     for (std::size_t j = 0; j < plan.slots; ++j) leases_.push_back(pool_.acquire());
+    // Whatever happens below, nothing may still run on the device, and the leases go
+    // back to the pool, when run() returns or throws: a throw with copies in flight
+    // would otherwise let them write into memory the caller reuses, and the next step
+    // would wait forever for slots nobody returns.
+    struct Drain {
+      PlanExecutor& self;
+      ~Drain() {
+        self.synchronize_noexcept();
+        self.leases_.clear();
+      }
+    } drain{*this};
     measured.assign(plan.ops.size(), OpTiming{});
 
     using Clock = std::chrono::steady_clock;
@@ -114,14 +139,21 @@ class PlanExecutor {
       }
       b_.record(end_[i], st);
     }
-    for (std::size_t l = 1; l < lane_count; ++l) b_.synchronize(streams_[l]);
+    synchronize();
     for (std::size_t i = 0; i < plan.ops.size(); ++i)
       if (plan.ops[i].lane != Lane::cpu)
         measured[i] = {b_.elapsed(origin_, begin_[i]), b_.elapsed(origin_, end_[i])};
-    leases_.clear();
   }
 
  private:
+  void synchronize_noexcept() noexcept {
+    try {
+      synchronize();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dos: waiting for the device streams failed: %s\n", e.what());
+    }
+  }
+
   B& b_;
   std::array<typename B::Stream, lane_count> streams_{};  // [cpu] is unused
   BufferPool<DeviceMemory> pool_;

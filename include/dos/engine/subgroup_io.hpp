@@ -17,9 +17,15 @@
 /// the 16-bit value area 2, so every segment's arrays stay 64-byte aligned.
 
 #include "dos/backend/device_backend.hpp"
+#include "dos/cpu/bandwidth_probe.hpp"
 #include "dos/memory/device_buffer.hpp"
 #include "dos/memory/host_resource.hpp"
 #include "dos/schedule/plan.hpp"
+#include "dos/state/param_table.hpp"
+#include "dos/state/state_store.hpp"
+
+#include <span>
+#include <utility>
 
 #include <cstddef>
 #include <cstdint>
@@ -90,5 +96,114 @@ struct SubgroupIo {
     }
   }
 };
+
+/// @brief Lays out subgroup @p s's staging slot (see the file comment), fills in the
+///        byte counts the planner needs that do not depend on the step's types, and
+///        reserves every copy list so that refreshing them never allocates.
+template <class Io, class Store>
+void lay_out(Io& io, SubgroupShape& shape, std::size_t s, const Store& store, const ParamTable& params) {
+  const Subgroup& sub = store.subgroups()[s];
+  const auto& block = store.blocks()[s];
+  const std::size_t e4 = sub.state_elements * 4;
+  bool host_tensor = false, host_16bit = false;
+  for (const Segment& seg : sub.segments) {
+    const bool dev = params.on_device(seg.tensor);
+    host_tensor |= !dev;
+    host_16bit |= !dev && params.record(seg.tensor).dtype != DType::f32;
+  }
+  SlotLayout& l = io.layout;
+  l.m = 0;
+  l.v = e4;
+  std::size_t off = 2 * e4;
+  if (block.max_exp_avg_sq != nullptr) l.vmax = std::exchange(off, off + e4);
+  l.master = std::exchange(off, off + e4);
+  l.state_bytes = block.memory.size() * sizeof(float);
+  if (host_tensor) l.grad = std::exchange(off, off + e4);
+  if (host_16bit) l.value = std::exchange(off, off + sub.state_elements * 2);
+  l.bytes = (off + 255) / 256 * 256;
+  shape.elements = sub.numel;
+  shape.slot_bytes = l.bytes;
+  shape.cpu_bytes = static_cast<std::size_t>(adam_bytes_per_element) * sub.numel;
+  const std::size_t segments = sub.segments.size();
+  for (auto* list : {&io.up_state, &io.up_value, &io.up_grad, &io.down_state, &io.down_value}) list->reserve(segments + 1);
+  io.fetch.reserve(segments);
+  io.push.reserve(segments);
+  io.launch.reserve(segments);
+  io.offsets.reserve(segments);
+}
+
+/// @brief Rebuilds subgroup @p s's copy lists and launch segments from the current
+///        views, and the transfer sizes of @p shape from this step's types (a bf16
+///        value may come with an fp32 gradient). With @p with_grads false
+///        (construction, checkpoints) gradient copies are left out; @p fetched marks
+///        segments whose gradients `grad_ready` already fetched.
+template <class Io, class Store>
+void refresh_io(Io& io, SubgroupShape& sh, std::size_t s, Store& store, const ParamTable& params, bool with_grads,
+                std::span<const std::uint8_t> fetched) {
+  const SlotLayout& l = io.layout;
+  auto& block = store.blocks()[s];
+  const std::size_t elements = store.subgroups()[s].state_elements;
+  const AdamCoefficients<float>& k = store.coefficients(store.group_of_subgroup(s));
+  for (auto* list : {&io.up_state, &io.up_value, &io.down_state, &io.up_grad, &io.down_value}) list->clear();
+  io.fetch.clear();
+  io.push.clear();
+  io.launch.clear();
+  io.offsets.clear();
+  io.up_state.push_back({0, block.memory.data(), l.state_bytes});
+  io.down_state.push_back({0, block.memory.data(), l.state_bytes});
+  std::size_t host_grads = 0, host_fp32_values = 0, host_values = 0, device_grads = 0, device_values = 0;
+  for (std::uint32_t w = block.first_segment; w < block.end_segment; ++w) {
+    const Segment& seg = *store.segments()[w].segment;
+    const TensorView& v = params.value(seg.tensor);
+    const ConstTensorView& g = params.grad(seg.tensor);
+    const std::size_t vs = dtype_size(v.dtype), gs = dtype_size(g.dtype), so = seg.state_offset;
+    auto* value = static_cast<std::byte*>(v.data) + seg.tensor_offset * vs;
+    const auto* grad = with_grads ? static_cast<const std::byte*>(g.data) + seg.tensor_offset * gs : nullptr;
+    DeviceSegment d;
+    static_cast<cpu::SegmentDesc&>(d) = store.work()[w];
+    d.grad = g.dtype;
+    d.coefficients = k;
+    LaunchOffsets o;
+    o.m = l.m + so * 4;
+    o.v = l.v + so * 4;
+    if (d.amsgrad) o.vmax = l.vmax + so * 4;
+    if (params.on_device(seg.tensor)) {
+      // Updated on the device: straight from and into the framework's tensors.
+      d.args.param = value;
+      d.args.grad = grad;
+      o.master = l.master + so * 4;
+      std::byte* mirror = io.mirror.data();
+      if (with_grads && fetched[w] == 0) io.fetch.push_back({mirror + so * 4, grad, seg.count * gs});
+      io.push.push_back({value, mirror + (elements + so) * 4, seg.count * vs});
+      device_grads += seg.count * gs;
+      device_values += seg.count * vs;
+    } else {
+      o.grad = l.grad + so * 4;
+      if (with_grads) io.up_grad.push_back({o.grad, const_cast<std::byte*>(grad), seg.count * gs});
+      host_grads += seg.count * gs;
+      host_values += seg.count * vs;
+      if (v.dtype == DType::f32) {
+        // The host value is the master: it crosses the link both ways, also for a
+        // resident subgroup, so edits the framework makes to it are kept.
+        o.param = l.master + so * 4;
+        io.up_value.push_back({o.param, value, seg.count * 4});
+        io.down_value.push_back({o.param, value, seg.count * 4});
+        host_fp32_values += seg.count * 4;
+      } else {
+        o.param = l.value + so * 2;
+        o.master = l.master + so * 4;
+        io.down_value.push_back({o.param, value, seg.count * 2});
+      }
+    }
+    io.launch.push_back(d);
+    io.offsets.push_back(o);
+  }
+  sh.upload_bytes = l.state_bytes + host_fp32_values + host_grads;
+  sh.download_bytes = l.state_bytes + host_values;
+  sh.resident_upload_bytes = host_fp32_values + host_grads;
+  sh.resident_download_bytes = host_values;
+  sh.fetch_bytes = device_grads;
+  sh.push_bytes = device_values;
+}
 
 }  // namespace dos::engine

@@ -101,7 +101,7 @@ class RawBuffer {
 
 /// @brief An owning array of trivially copyable `T` from a `MemoryResource`,
 ///        zero-initialised: optimizer moments must start at exactly zero
-///        (ALGORITHM.md 5.4), never at whatever the allocator returned.
+///        (docs/design.md, "Traps"), never at whatever the allocator returned.
 template <class T, MemoryResource R = HostResource>
 class HostBuffer {
  public:

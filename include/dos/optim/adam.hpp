@@ -72,6 +72,7 @@ inline bool finite_bits(double x) noexcept {
 }  // namespace detail
 
 /// @brief Throws `std::invalid_argument` naming the first invalid field and its value.
+/// @param c the hyperparameters to check.
 /// @param group the parameter group, named in the message when given. The message is
 ///        formatted only on failure, so a valid call never allocates (schedulers
 ///        validate every step).

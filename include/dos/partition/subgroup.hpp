@@ -33,17 +33,34 @@ struct Subgroup {
 
 /// @brief A policy that packs tensors (given by their element counts) into subgroups.
 ///
-/// Required: every element of every tensor lands in exactly one segment of one
-/// subgroup, and every `state_offset` is a multiple of `state_alignment`.
+/// Required: `partition(sizes)`, in which every element of every tensor lands in
+/// exactly one segment of one subgroup and every `state_offset` is a multiple of
+/// `state_alignment`; and construction, either from the target subgroup size in
+/// elements (`Options::subgroup_elements`) or, when it takes no size, by default.
+/// The optimizer partitions each parameter group separately.
 /// @code
-/// struct OnePerTensor {
-///   std::vector<dos::Subgroup> partition(std::span<const std::size_t> sizes) const;
+/// struct OnePerTensor {  // each tensor its own subgroup
+///   std::vector<dos::Subgroup> partition(std::span<const std::size_t> sizes) const {
+///     std::vector<dos::Subgroup> out;
+///     for (std::uint32_t t = 0; t < sizes.size(); ++t)
+///       out.push_back({{{t, 0, sizes[t], 0}}, sizes[t], sizes[t]});
+///     return out;
+///   }
 /// };
 /// static_assert(dos::Partitioner<OnePerTensor>);
 /// @endcode
 template <class P>
-concept Partitioner = requires(const P& p, std::span<const std::size_t> sizes) {
-  { p.partition(sizes) } -> std::same_as<std::vector<Subgroup>>;
-};
+concept Partitioner = (std::constructible_from<P, std::size_t> || std::default_initializable<P>) &&
+                      requires(const P& p, std::span<const std::size_t> sizes) {
+                        { p.partition(sizes) } -> std::same_as<std::vector<Subgroup>>;
+                      };
+
+/// @brief A partitioner for subgroups of @p subgroup_elements (ignored by one that
+///        takes no size).
+template <Partitioner P>
+P make_partitioner(std::size_t subgroup_elements) {
+  if constexpr (std::constructible_from<P, std::size_t>) return P(subgroup_elements);
+  else return P{};
+}
 
 }  // namespace dos

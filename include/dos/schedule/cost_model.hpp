@@ -3,7 +3,7 @@
 /// @brief The cost model that chooses the split: a hardware profile, a prediction of a
 ///        plan's update time, and refinement from measured steps.
 ///
-/// The first-order model (ALGORITHM.md section 3) times each operation from the
+/// The first-order model (docs/design.md, "The cost model") times each operation from the
 /// profile, schedules the plan's lanes as the executor runs them (each stream in issue
 /// order; h2d and push share the host-to-device link; a half-duplex link is shared by
 /// both directions), and bounds the result below by the host DRAM traffic that CPU
@@ -32,26 +32,40 @@ struct HardwareProfile {
   bool duplex = true;          ///< both directions run at full speed at once
   double host_bandwidth = 0;   ///< host DRAM bytes/s, shared by CPU updates and DMA; 0: unbounded
 
+  /// @brief Bytes/s of a round trip over the link: the slower direction when both run
+  ///        at once (duplex), else the two directions one after the other.
+  double link_rate() const noexcept {
+    if (h2d_bandwidth <= 0 || d2h_bandwidth <= 0) return 0;
+    return duplex ? std::min(h2d_bandwidth, d2h_bandwidth) : 1 / (1 / h2d_bandwidth + 1 / d2h_bandwidth);
+  }
   /// @brief Parameters/s of the streamed device path: state crosses the link both ways.
   double device_path_rate(double bytes_per_param = 12) const noexcept {
-    const double link = duplex ? std::min(h2d_bandwidth, d2h_bandwidth)
-                               : 1 / (1 / h2d_bandwidth + 1 / d2h_bandwidth);
-    return std::min(device_rate, link / bytes_per_param);
+    return std::min(device_rate, link_rate() / bytes_per_param);
   }
 };
 
 /// @brief A policy that predicts plans and learns from measured steps.
+///
+/// Required: construction from the `HardwareProfile` calibration measured (or the one
+/// the user passed); `predict(plan, timeline)`, the plan's update seconds, filling
+/// `*timeline` with one `OpTiming` per op when it is not null; `refine(measured)`,
+/// learning from a step that ran; `profile()`, what it believes now. Optional:
+/// `reserve(subgroups)`, so that refining never allocates.
 /// @code
-/// struct Fixed {  // always says one second; never learns
+/// struct Fixed {  // always says one second per op; never learns
 ///   dos::HardwareProfile p;
-///   double predict(const dos::Plan&, std::vector<dos::OpTiming>* = nullptr) const { return 1; }
+///   explicit Fixed(const dos::HardwareProfile& profile) : p(profile) {}
+///   double predict(const dos::Plan& plan, std::vector<dos::OpTiming>* t = nullptr) const {
+///     if (t) t->assign(plan.ops.size(), {0, 1});
+///     return 1;
+///   }
 ///   void refine(const dos::StepTimeline&) {}
 ///   const dos::HardwareProfile& profile() const { return p; }
 /// };
 /// static_assert(dos::CostModel<Fixed>);
 /// @endcode
 template <class M>
-concept CostModel = requires(M& m, const M& cm, const Plan& plan, const StepTimeline& t,
+concept CostModel = std::constructible_from<M, const HardwareProfile&> && requires(M& m, const M& cm, const Plan& plan, const StepTimeline& t,
                              std::vector<OpTiming>* timeline) {
   { cm.predict(plan, timeline) } -> std::convertible_to<double>;
   m.refine(t);
@@ -96,9 +110,17 @@ class FirstOrderCostModel {
   double residual(std::size_t device_subgroups) const noexcept {
     return device_subgroups < residual_.size() ? residual_[device_subgroups] : 1.0;
   }
-  /// @brief Room for the residuals of plans over up to @p subgroups subgroups, so that
-  ///        refining never allocates.
-  void reserve(std::size_t subgroups) { residual_.reserve(subgroups + 1); }
+  /// @brief Room for plans over up to @p subgroups subgroups (at most 3 per subgroup
+  ///        plus one operations), so that neither predicting nor refining allocates,
+  ///        from the first step on.
+  void reserve(std::size_t subgroups) {
+    residual_.reserve(subgroups + 1);
+    const std::size_t ops = 3 * subgroups + 1;
+    work_.intervals.reserve(ops);
+    work_.timing.reserve(ops);
+    work_.done.reserve(ops);
+    for (auto& q : work_.queue) q.reserve(ops);
+  }
 
   /// @brief The first-order prediction alone: lanes list-scheduled from the profile,
   ///        bounded below by host DRAM traffic.
@@ -185,7 +207,7 @@ class FirstOrderCostModel {
         w += static_cast<double>(update ? op.elements : op.bytes);
         busy.emplace_back(measured.measured[i].begin, measured.measured[i].end);
       }
-      const double s = union_length(busy);
+      const double s = detail::merge_intervals(busy);
       if (w <= 0 || s < min_seconds) return;  // too little evidence to move a rate
       rate = rate > 0 ? (1 - learning_rate_) * rate + learning_rate_ * (w / s) : w / s;
     };
@@ -208,23 +230,6 @@ class FirstOrderCostModel {
 
  private:
   // Scratch reused across predictions, so choosing k every step allocates nothing.
-  // Length of the union of intervals (sorted in place).
-  static double union_length(std::vector<std::pair<double, double>>& v) {
-    std::sort(v.begin(), v.end());
-    double total = 0, begin = 0, end = -1;
-    for (const auto& [b, e] : v) {
-      if (b > end) {
-        if (end > begin) total += end - begin;
-        begin = b;
-        end = e;
-      } else {
-        end = std::max(end, e);
-      }
-    }
-    if (end > begin) total += end - begin;
-    return total;
-  }
-
   struct Workspace {
     std::vector<std::pair<double, double>> intervals;
     std::vector<OpTiming> timing;

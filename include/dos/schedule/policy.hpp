@@ -1,70 +1,127 @@
 #pragma once
 /// @file
-/// @brief Assignment policies: which subgroups the device updates in a step.
-///
-///  - `all_cpu`: none (ZeRO-Offload's baseline);
-///  - `static_fraction`: a fixed share stays resident on the device (TwinFlow's
-///    baseline); its state never crosses the link, the rest runs on the CPU;
-///  - `fixed_stride`: every k-th subgroup is streamed through the device;
-///  - `automatic_stride` (default): the k in 1..max_stride, or all-CPU, with the
-///    shortest predicted update, chosen again every step from the refined model;
-///  - `balanced`: streamed subgroups chosen by size, longest first, to balance the
-///    predicted CPU and device makespans; for uneven subgroups.
+/// @brief The `AssignmentPolicy` concept: which subgroups the device updates in a
+///        step, and which stay resident on it for good. What a policy is shown
+///        (`PlanRequest`, `ResidencyRequest`), and the assignments the built-in
+///        policies are made of. The built-ins are in `policies.hpp`; `AnyPolicy` holds
+///        any of them, or a user's.
 
+#include "dos/core/function_ref.hpp"
 #include "dos/schedule/cost_model.hpp"
 #include "dos/schedule/plan.hpp"
 #include "dos/schedule/planner.hpp"
+#include "dos/schedule/timeline.hpp"
 
 #include <algorithm>
-#include <cmath>
+#include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <numeric>
 #include <span>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 namespace dos {
 
-enum class PolicyKind : std::uint8_t { all_cpu, static_fraction, fixed_stride, automatic_stride, balanced };
+/// @brief The cost model's prediction of a plan's update seconds, as a policy sees it.
+using PredictFn = FunctionRef<double(const Plan&)>;
 
-constexpr std::string_view policy_name(PolicyKind k) noexcept {
-  switch (k) {
-    case PolicyKind::all_cpu: return "all_cpu";
-    case PolicyKind::static_fraction: return "static_fraction";
-    case PolicyKind::fixed_stride: return "fixed_stride";
-    case PolicyKind::automatic_stride: return "automatic_stride";
-    case PolicyKind::balanced: return "balanced";
-  }
-  return "?";
-}
-
-/// @brief Which policy, with its parameter.
-struct Policy {
-  PolicyKind kind = PolicyKind::automatic_stride;
-  std::uint32_t stride = 2;       ///< k for `fixed_stride`, >= 1 (1: every subgroup on the device)
-  double fraction = 0.25;         ///< resident share for `static_fraction`, in [0, 1]
-  std::uint32_t max_stride = 8;   ///< largest k `automatic_stride` tries, >= 1
+/// @brief What a policy sees when it chooses one step's plan. Everything it needs to
+///        try candidates without allocating: the shapes, the residency fixed at
+///        construction, the limits, the model, and a second plan and an assignment
+///        whose capacity is reserved.
+struct PlanRequest {
+  std::span<const SubgroupShape> shapes;
+  std::span<const Place> residency;  ///< `Place::resident` or `Place::cpu`, per subgroup
+  PlanLimits limits;
+  const HardwareProfile& profile;
+  PredictFn predict;
+  Plan& scratch;
+  std::vector<Place>& assignment;
 };
+
+/// @brief What a policy sees when it chooses, once at construction, the subgroups
+///        whose state lives on the device for good.
+struct ResidencyRequest {
+  std::span<const SubgroupShape> shapes;
+  /// Device bytes left for resident subgroups once the staging slots are taken.
+  std::size_t device_bytes = 0;
+  PlanLimits limits;
+  PredictFn predict;
+  Plan& scratch;
+  std::vector<Place>& assignment;
+};
+
+/// @brief Decides where each subgroup is updated.
+///
+/// Required: `name()`; `validate()`, which throws `std::invalid_argument` naming the
+/// field and value of a bad setting; `residency(request, out)`, which fills @p out
+/// with `Place::resident` or `Place::cpu` per subgroup, once at construction (a
+/// resident subgroup's state lives on the device and never crosses the link);
+/// `choose(request, plan)`, which builds this step's plan into `plan` (keeping the
+/// residents resident) and returns its predicted seconds. Optional:
+/// `observe(timeline)`, called after every executed step with what was measured.
+/// @code
+/// struct EveryThird {  // subgroups 0, 3, 6, ... streamed
+///   std::string_view name() const { return "every_third"; }
+///   void validate() const {}
+///   void residency(const dos::ResidencyRequest& r, std::vector<dos::Place>& out) const {
+///     out.assign(r.shapes.size(), dos::Place::cpu);
+///   }
+///   double choose(const dos::PlanRequest& r, dos::Plan& plan) {
+///     dos::stride_assignment(r.assignment, r.residency, 3);
+///     dos::make_plan(plan, r.shapes, r.assignment, r.limits, 3);
+///     return r.predict(plan);
+///   }
+/// };
+/// static_assert(dos::AssignmentPolicy<EveryThird>);
+/// @endcode
+template <class P>
+concept AssignmentPolicy =
+    std::copy_constructible<P> && requires(const P& cp, P& p, const PlanRequest& request,
+                                           const ResidencyRequest& residency, std::vector<Place>& out, Plan& plan) {
+      { cp.name() } -> std::convertible_to<std::string_view>;
+      cp.validate();
+      cp.residency(residency, out);
+      { p.choose(request, plan) } -> std::convertible_to<double>;
+    };
+
+/// @brief Residents where @p residency says, and every k-th of the other subgroups
+///        (the first, the (k+1)-th, ...) streamed through the device; k = 0 streams none.
+inline void stride_assignment(std::vector<Place>& out, std::span<const Place> residency, std::uint32_t k) {
+  out.assign(residency.begin(), residency.end());
+  std::size_t i = 0;
+  for (Place& p : out) {
+    if (p == Place::resident) continue;
+    if (k != 0 && i % k == 0) p = Place::device;
+    ++i;
+  }
+}
 
 /// @brief Every k-th subgroup (0, k, 2k, ...) on the device, the rest on the CPU.
 inline void stride_assignment(std::vector<Place>& out, std::size_t subgroups, std::uint32_t k) {
   out.assign(subgroups, Place::cpu);
-  for (std::size_t s = 0; s < subgroups; s += k) out[s] = Place::device;
+  if (k != 0)
+    for (std::size_t s = 0; s < subgroups; s += k) out[s] = Place::device;
 }
 
-/// @brief The first round(fraction * n) subgroups resident on the device.
-inline void resident_assignment(std::vector<Place>& out, std::size_t subgroups, double fraction) {
+/// @brief The first @p resident subgroups resident on the device, the rest on the CPU.
+inline void resident_prefix(std::vector<Place>& out, std::size_t subgroups, std::size_t resident) {
   out.assign(subgroups, Place::cpu);
-  const auto resident = static_cast<std::size_t>(std::lround(fraction * static_cast<double>(subgroups)));
   std::fill_n(out.begin(), std::min(resident, subgroups), Place::resident);
 }
 
+/// @brief Subgroups that are not resident: those a stride can stream.
+inline std::size_t streamable(std::span<const Place> residency) {
+  return static_cast<std::size_t>(std::count(residency.begin(), residency.end(), Place::cpu));
+}
+
 /// @brief Longest subgroup first, each to the side (CPU or streamed device) whose
-///        predicted finish time grows least.
+///        predicted finish time grows least; residents stay resident.
 inline void balanced_assignment(std::vector<Place>& out, std::span<const SubgroupShape> shapes,
-                                const HardwareProfile& profile, std::vector<std::uint32_t>& order) {
-  out.assign(shapes.size(), Place::cpu);
+                                std::span<const Place> residency, const HardwareProfile& profile,
+                                std::vector<std::uint32_t>& order) {
+  out.assign(residency.begin(), residency.end());
   order.resize(shapes.size());
   std::iota(order.begin(), order.end(), 0u);
   // Ties broken by index: deterministic, and std::sort needs no buffer (stable_sort
@@ -74,13 +131,12 @@ inline void balanced_assignment(std::vector<Place>& out, std::span<const Subgrou
   });
   double cpu = 0, device = 0;
   for (const std::uint32_t s : order) {
+    if (out[s] == Place::resident) continue;
     const auto elements = static_cast<double>(shapes[s].elements);
     const double on_cpu = profile.cpu_rate > 0 ? elements / profile.cpu_rate : 0;
     const double bytes = static_cast<double>(std::max(shapes[s].upload_bytes, shapes[s].download_bytes));
-    const double on_device =
-        bytes / std::max(1e-30, profile.duplex ? std::min(profile.h2d_bandwidth, profile.d2h_bandwidth)
-                                               : 1 / (1 / profile.h2d_bandwidth + 1 / profile.d2h_bandwidth)) +
-        (profile.device_rate > 0 ? elements / profile.device_rate : 0);
+    const double on_device = bytes / std::max(1e-30, profile.link_rate()) +
+                             (profile.device_rate > 0 ? elements / profile.device_rate : 0);
     if (std::max(cpu, device + on_device) < std::max(cpu + on_cpu, device)) {
       out[s] = Place::device;
       device += on_device;
@@ -90,54 +146,39 @@ inline void balanced_assignment(std::vector<Place>& out, std::span<const Subgrou
   }
 }
 
-/// @brief Chooses and builds this step's plan into @p plan.
-/// @param resident the construction-time placement: `Place::resident` subgroups stay
-///        resident whatever the policy; the others are placed by @p policy.
-/// @param scratch a second plan, reused to compare candidates.
-/// @return the plan's predicted seconds.
-template <CostModel Model>
-double choose_plan(Plan& plan, Plan& scratch, std::vector<Place>& assignment, std::span<const SubgroupShape> shapes,
-                   std::span<const Place> resident, const Policy& policy, const PlanLimits& limits,
-                   const Model& model) {
-  const std::size_t n = shapes.size();
-  const auto keep_resident = [&] {
-    for (std::size_t s = 0; s < n; ++s)
-      if (resident[s] == Place::resident) assignment[s] = Place::resident;
-  };
-  const auto build = [&](Plan& into, std::uint32_t k) {
-    if (k == 0) assignment.assign(n, Place::cpu);
-    else stride_assignment(assignment, n, k);
-    keep_resident();
-    make_plan(into, shapes, assignment, limits, k);
-    return model.predict(into);
-  };
-  switch (policy.kind) {
-    case PolicyKind::all_cpu:
-    case PolicyKind::static_fraction: return build(plan, 0);
-    case PolicyKind::fixed_stride: return build(plan, policy.stride);
-    case PolicyKind::balanced: {
-      balanced_assignment(assignment, shapes, model.profile(), scratch.workspace[0]);
-      keep_resident();
-      make_plan(plan, shapes, assignment, limits, 0);
-      return model.predict(plan);
-    }
-    case PolicyKind::automatic_stride: {
-      double best = build(plan, 0);
-      std::string_view reason;
-      for (std::uint32_t k = 1; k <= policy.max_stride; ++k) {
-        const double t = build(scratch, k);
-        if (!scratch.fallback.empty()) {
-          reason = scratch.fallback;
-        } else if (t < best) {
-          best = t;
-          std::swap(plan, scratch);
-        }
-      }
-      if (plan.stride == 0) plan.fallback = reason;
-      return best;
+namespace detail {
+
+/// The plan of stride @p k (0: no streaming) over the request's residency, and its
+/// predicted seconds.
+template <class Request>
+double stride_plan(const Request& r, std::span<const Place> residency, Plan& into, std::uint32_t k) {
+  stride_assignment(r.assignment, residency, k);
+  make_plan(into, r.shapes, r.assignment, r.limits, k);
+  return r.predict(into);
+}
+
+/// The best of no streaming and every stride 1..max_stride over @p residency, built into
+/// @p plan (@p scratch holds the candidates). Strides past the streamable subgroups
+/// stream the same single subgroup as the last one, so they are not tried.
+template <class Request>
+double best_stride(const Request& r, std::span<const Place> residency, std::uint32_t max_stride, Plan& plan,
+                   Plan& scratch) {
+  double best = stride_plan(r, residency, plan, 0);
+  const auto last = static_cast<std::uint32_t>(std::min<std::size_t>(max_stride, streamable(residency)));
+  std::string_view reason;
+  for (std::uint32_t k = 1; k <= last; ++k) {
+    const double t = stride_plan(r, residency, scratch, k);
+    if (!scratch.fallback.empty()) {
+      reason = scratch.fallback;
+    } else if (t < best) {
+      best = t;
+      std::swap(plan, scratch);
     }
   }
-  return build(plan, 0);
+  if (plan.stride == 0) plan.fallback = reason;
+  return best;
 }
+
+}  // namespace detail
 
 }  // namespace dos

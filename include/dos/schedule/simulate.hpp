@@ -7,8 +7,10 @@
 #include "dos/schedule/cost_model.hpp"
 #include "dos/schedule/plan.hpp"
 #include "dos/schedule/planner.hpp"
+#include "dos/schedule/any_policy.hpp"
 #include "dos/schedule/policy.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -64,6 +66,31 @@ std::vector<StridePrediction> simulate_strides(const Model& model, const std::ve
     out.push_back({k, t, t > 0 ? total / t : 0});
   }
   return out;
+}
+
+/// @brief What a policy would do on a machine you do not have.
+struct PolicyPrediction {
+  double seconds = 0;
+  double params_per_second = 0;
+  std::size_t resident = 0;  ///< subgroups kept resident on the device
+  std::uint32_t stride = 0;  ///< k of the chosen plan; 0 when not a stride
+  std::size_t device_subgroups = 0;
+};
+
+/// @brief Predicted update of @p policy: residency chosen for @p device_bytes of device
+///        memory beyond the staging slots of @p limits, then one step's choice.
+template <CostModel Model = FirstOrderCostModel>
+PolicyPrediction simulate_policy(const Model& model, const std::vector<SubgroupShape>& shapes, AnyPolicy policy,
+                                 const PlanLimits& limits, std::size_t device_bytes) {
+  const auto predict = [&](const Plan& p) { return model.predict(p); };
+  Plan plan, scratch;
+  std::vector<Place> assignment, residency;
+  policy.residency({shapes, device_bytes, limits, predict, scratch, assignment}, residency);
+  const double t = policy.choose({shapes, residency, limits, model.profile(), predict, scratch, assignment}, plan);
+  double total = 0;
+  for (const SubgroupShape& s : shapes) total += static_cast<double>(s.elements);
+  return {t, t > 0 ? total / t : 0, static_cast<std::size_t>(std::count(residency.begin(), residency.end(), Place::resident)),
+          plan.stride, plan.device_subgroups()};
 }
 
 }  // namespace dos

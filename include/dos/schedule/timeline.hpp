@@ -36,19 +36,25 @@ struct StepTimeline {
 
 namespace detail {
 
+/// Sorts @p v and merges overlapping intervals in place, without allocating (the cost
+/// model calls it every step); returns the length of their union.
+inline double merge_intervals(std::vector<std::pair<double, double>>& v) {
+  std::sort(v.begin(), v.end());
+  std::size_t kept = 0;
+  for (const auto& iv : v) {
+    if (kept > 0 && iv.first <= v[kept - 1].second) v[kept - 1].second = std::max(v[kept - 1].second, iv.second);
+    else v[kept++] = iv;
+  }
+  v.resize(kept);
+  double total = 0;
+  for (const auto& [b, e] : v) total += std::max(0.0, e - b);
+  return total;
+}
+
 // Length of the intersection of two unions of intervals.
 inline double overlap_length(std::vector<std::pair<double, double>> a, std::vector<std::pair<double, double>> b) {
-  const auto merge = [](std::vector<std::pair<double, double>>& v) {
-    std::sort(v.begin(), v.end());
-    std::vector<std::pair<double, double>> out;
-    for (const auto& iv : v) {
-      if (!out.empty() && iv.first <= out.back().second) out.back().second = std::max(out.back().second, iv.second);
-      else out.push_back(iv);
-    }
-    v = std::move(out);
-  };
-  merge(a);
-  merge(b);
+  merge_intervals(a);
+  merge_intervals(b);
   double total = 0;
   std::size_t i = 0, j = 0;
   while (i < a.size() && j < b.size()) {
@@ -82,7 +88,7 @@ inline double overlap_fraction(const StepTimeline& t) {
   for (const auto& [b, e] : transfers) transfer_total += e - b;
   if (transfer_total <= 0) return 0;
   std::vector<std::pair<double, double>> merged = transfers;
-  const double transfer_union = detail::overlap_length(transfers, merged);
+  const double transfer_union = detail::merge_intervals(merged);
   return transfer_union > 0 ? detail::overlap_length(std::move(transfers), std::move(cpu)) / transfer_union : 0;
 }
 

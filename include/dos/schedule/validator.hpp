@@ -3,7 +3,7 @@
 /// @brief The plan validator: the invariants every plan must hold before a byte moves.
 ///
 /// It checks exactly the properties whose violation broke the authors' code
-/// (ALGORITHM.md section 5):
+/// (docs/design.md, "Traps"):
 ///  - every subgroup is updated exactly once, where its placement says, and every
 ///    copy its shape calls for (gradient fetch, parameter push, resident transfers)
 ///    is in the plan (the lost update);
@@ -32,20 +32,42 @@ class plan_error : public std::logic_error {
   using std::logic_error::logic_error;
 };
 
+/// @brief Scratch for `find_plan_error`, reserved once so that validating every step
+///        allocates nothing (a plan that breaks an invariant allocates its message).
+struct PlanCheckWorkspace {
+  std::vector<std::uint32_t> update, upload, download, fetch, push, occupant, last_op;
+  std::vector<std::uint32_t> seen, stack;
+  std::uint32_t stamp = 0;
+
+  /// @brief Room for plans of up to @p subgroups subgroups, @p ops operations and @p slots slots.
+  void reserve(std::size_t subgroups, std::size_t ops, std::size_t slots) {
+    for (auto* v : {&update, &upload, &download, &fetch, &push}) v->reserve(subgroups);
+    occupant.reserve(slots);
+    last_op.reserve(slots);
+    seen.reserve(ops);
+    stack.reserve(ops);
+  }
+};
+
 namespace detail {
 
-// Whether op `from` transitively depends on op `target`.
-inline bool reaches(const Plan& plan, std::uint32_t from, std::uint32_t target, std::vector<std::uint8_t>& seen) {
-  seen.assign(plan.ops.size(), 0);
-  std::vector<std::uint32_t> stack{from};
-  while (!stack.empty()) {
-    const std::uint32_t o = stack.back();
-    stack.pop_back();
+// Whether op `from` transitively depends on op `target`. Visited ops are stamped with
+// a fresh number per call instead of cleared, so a call costs what it visits.
+inline bool reaches(const Plan& plan, std::uint32_t from, std::uint32_t target, PlanCheckWorkspace& w) {
+  if (w.seen.size() != plan.ops.size() || ++w.stamp == 0) {
+    w.seen.assign(plan.ops.size(), 0);
+    w.stamp = 1;
+  }
+  w.stack.clear();
+  w.stack.push_back(from);
+  while (!w.stack.empty()) {
+    const std::uint32_t o = w.stack.back();
+    w.stack.pop_back();
     if (o == target) return true;
-    if (seen[o] != 0) continue;
-    seen[o] = 1;
+    if (w.seen[o] == w.stamp) continue;
+    w.seen[o] = w.stamp;
     for (const Dependency& d : plan.ops[o].dependencies())
-      if (d.op < plan.ops.size()) stack.push_back(d.op);
+      if (d.op < plan.ops.size()) w.stack.push_back(d.op);
   }
   return false;
 }
@@ -59,22 +81,23 @@ inline std::string describe(const Plan& plan, std::uint32_t i) {
 }  // namespace detail
 
 /// @brief The first invariant @p plan breaks, described; empty when it is sound.
-inline std::optional<std::string> find_plan_error(const Plan& plan) {
+inline std::optional<std::string> find_plan_error(const Plan& plan, PlanCheckWorkspace& w) {
   using detail::describe;
   const std::size_t n_ops = plan.ops.size();
   const std::size_t n_sub = plan.placement.size();
   constexpr std::uint32_t none = ~std::uint32_t{0};
-  std::vector<std::uint8_t> seen;
-  const auto reaches = [&](std::uint32_t from, std::uint32_t target) {
-    return detail::reaches(plan, from, target, seen);
-  };
+  const auto reaches = [&](std::uint32_t from, std::uint32_t target) { return detail::reaches(plan, from, target, w); };
 
   if (plan.staging_bytes() > plan.budget)
     return fmt::format("peak staging is {} slots x {} B = {} B, over the budget of {} B", plan.slots,
                        plan.slot_bytes, plan.staging_bytes(), plan.budget);
 
-  std::vector<std::uint32_t> update(n_sub, none), upload(n_sub, none), download(n_sub, none), fetch(n_sub, none),
-      push(n_sub, none);
+  auto& update = w.update;
+  auto& upload = w.upload;
+  auto& download = w.download;
+  auto& fetch = w.fetch;
+  auto& push = w.push;
+  for (auto* v : {&update, &upload, &download, &fetch, &push}) v->assign(n_sub, none);
   for (std::uint32_t i = 0; i < n_ops; ++i) {
     const Op& op = plan.ops[i];
     if (op.subgroup >= n_sub) return fmt::format("{} names a subgroup the plan does not place", describe(plan, i));
@@ -155,7 +178,10 @@ inline std::optional<std::string> find_plan_error(const Plan& plan) {
   }
 
   // A slot is refilled only after every operation of its previous occupant completed.
-  std::vector<std::uint32_t> occupant(plan.slots, none), last_op(plan.slots, none);
+  auto& occupant = w.occupant;
+  auto& last_op = w.last_op;
+  occupant.assign(plan.slots, none);
+  last_op.assign(plan.slots, none);
   for (std::uint32_t i = 0; i < n_ops; ++i) {
     const Op& op = plan.ops[i];
     if (op.slot == Op::no_slot) continue;
@@ -173,9 +199,21 @@ inline std::optional<std::string> find_plan_error(const Plan& plan) {
   return std::nullopt;
 }
 
+/// @brief `find_plan_error` with scratch of its own.
+inline std::optional<std::string> find_plan_error(const Plan& plan) {
+  PlanCheckWorkspace w;
+  return find_plan_error(plan, w);
+}
+
+/// @brief Throws `plan_error` when @p plan breaks an invariant; allocates nothing when
+///        it holds and @p w was reserved for it.
+inline void validate_plan(const Plan& plan, PlanCheckWorkspace& w) {
+  if (auto e = find_plan_error(plan, w)) throw plan_error("dos: invalid plan: " + *e);
+}
 /// @brief Throws `plan_error` when @p plan breaks an invariant.
 inline void validate_plan(const Plan& plan) {
-  if (auto e = find_plan_error(plan)) throw plan_error("dos: invalid plan: " + *e);
+  PlanCheckWorkspace w;
+  validate_plan(plan, w);
 }
 
 }  // namespace dos

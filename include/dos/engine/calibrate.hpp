@@ -1,10 +1,12 @@
 #pragma once
 /// @file
-/// @brief `calibrate(backend)`: measures a `HardwareProfile` in well under a second,
-///        with scratch buffers that are freed before it returns.
+/// @brief `calibrate(backend, cpu)`: measures a `HardwareProfile` in well under a
+///        second, with scratch buffers that are freed before it returns. It lives
+///        beside the engine, which runs it at construction, because it drives a
+///        backend; the cost model below only consumes its result.
 ///
 /// Each rate is the best of a few short repetitions (the least disturbed one):
-///  - CPU Adam on the backend's own executor and threads (fp32, 28 B/param);
+///  - CPU Adam on the optimizer's own executor and threads (fp32, 28 B/param);
 ///  - host DRAM: the Adam-shaped probe on every thread this process may use;
 ///  - pinned h2d and d2h bandwidth, each alone, then both at once to tell a duplex
 ///    link from a shared one;
@@ -12,6 +14,8 @@
 
 #include "dos/backend/device_backend.hpp"
 #include "dos/cpu/bandwidth_probe.hpp"
+#include "dos/cpu/executor.hpp"
+#include "dos/optim/adam.hpp"
 #include "dos/cpu/thread_pool.hpp"
 #include "dos/memory/device_buffer.hpp"
 #include "dos/schedule/cost_model.hpp"
@@ -46,9 +50,9 @@ double best_seconds(int repetitions, F&& f) {
 }
 }  // namespace detail
 
-/// @brief Measures the machine behind @p b.
-template <DeviceBackend B>
-HardwareProfile calibrate(B& b, const CalibrationSizes& sizes = {}) {
+/// @brief Measures the machine behind @p b, with @p cpu as the CPU side.
+template <DeviceBackend B, cpu::CpuExecutor E>
+HardwareProfile calibrate(B& b, E& cpu, const CalibrationSizes& sizes = {}) {
   HardwareProfile p;
   const std::size_t n = sizes.cpu_elements;
 
@@ -57,13 +61,14 @@ HardwareProfile calibrate(B& b, const CalibrationSizes& sizes = {}) {
   std::fill_n(grad.data(), n, 1e-3f);
   cpu::SegmentWork work;
   work.args = {param.data(), grad.data(), nullptr, m.data(), v.data(), nullptr};
-  work.kernel = b.cpu().kernel(DType::f32, DType::f32, false);
+  work.count = n;
+  work.kernel = cpu.kernel(DType::f32, DType::f32, false);
   const AdamCoefficients<float> k = coefficients(Adam{}, 1);
   work.coefficients = &k;
   std::vector<cpu::Chunk> chunks;
   cpu::append_chunks(chunks, 0, n);
-  b.cpu().run(chunks, {&work, 1});  // warm the pages
-  p.cpu_rate = static_cast<double>(n) / detail::best_seconds(sizes.repetitions, [&] { b.cpu().run(chunks, {&work, 1}); });
+  cpu.run(chunks, {&work, 1});  // warm the pages
+  p.cpu_rate = static_cast<double>(n) / detail::best_seconds(sizes.repetitions, [&] { cpu.run(chunks, {&work, 1}); });
 
   // Host DRAM, with every thread the process may use.
   {

@@ -1,0 +1,102 @@
+#pragma once
+/// @file
+/// @brief The `CpuExecutor` concept: what the optimizer needs from whatever runs Adam
+///        on the host, and the work it hands over (segments cut into chunks once, at
+///        construction, so a step allocates nothing). `CpuAdamExecutor` is the default.
+
+#include "dos/core/function_ref.hpp"
+#include "dos/core/grad_stats.hpp"
+#include "dos/core/tensor.hpp"
+#include "dos/cpu/kernel.hpp"
+#include "dos/cpu/simd.hpp"
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace dos::cpu {
+
+/// @brief How the host side runs: threads, kernel family, huge pages. What backends
+///        and executors are built from, instead of the optimizer's whole `Options`.
+struct CpuConfig {
+  /// Threads, the caller included; 0 means every hardware thread this process may use.
+  unsigned threads = 0;
+  /// Force a kernel family (tests, benchmarks); `automatic` picks the widest.
+  SimdLevel simd = SimdLevel::automatic;
+  /// Back large host blocks with transparent huge pages.
+  bool huge_pages = true;
+};
+
+/// @brief One segment as the CPU executor sees it at one step: the descriptor, the
+///        range kernel for its types, and its group's coefficients.
+struct SegmentWork : SegmentDesc {
+  RangeKernel kernel = nullptr;
+  const AdamCoefficients<float>* coefficients = nullptr;
+};
+
+/// @brief Elements [begin, end) of segment `segment`; the unit one thread runs.
+struct Chunk {
+  std::uint32_t segment = 0;
+  std::size_t begin = 0;
+  std::size_t end = 0;
+};
+
+/// @brief Elements per chunk: about 1 MB of state traffic, enough to amortise the
+///        scheduling, small enough to balance two to a hundred threads.
+inline constexpr std::size_t chunk_elements = std::size_t{1} << 15;
+
+/// @brief Appends the chunks of a segment of @p count elements to @p out.
+inline void append_chunks(std::vector<Chunk>& out, std::uint32_t segment, std::size_t count) {
+  for (std::size_t b = 0; b < count; b += chunk_elements) out.push_back({segment, b, std::min(count, b + chunk_elements)});
+}
+
+/// @brief Runs Adam and the gradient passes on the host.
+///
+/// Required: construction from a `CpuConfig`; `threads()`; `kernel(value, grad,
+/// amsgrad)`, the range kernel for those types (or null for types it cannot run);
+/// `run(chunks, work)`, every chunk once, each with its segment's kernel and
+/// coefficients, blocking until done; `grad_stats(chunks, work, out)`, chunk i's
+/// statistics into `out[i]`; `parallel_for(n, body)`, body(i) for every i in [0, n)
+/// (accumulation uses it). Results must not depend on how chunks are spread over
+/// threads: each element's arithmetic is the kernel's alone.
+/// @code
+/// struct Serial {  // one thread, the default kernels
+///   explicit Serial(const dos::cpu::CpuConfig&) {}
+///   unsigned threads() const { return 1; }
+///   dos::cpu::RangeKernel kernel(dos::DType v, dos::DType g, bool a) const {
+///     return dos::select_kernel(dos::SimdLevel::scalar, v, g, a);
+///   }
+///   void run(std::span<const dos::cpu::Chunk> chunks, std::span<const dos::cpu::SegmentWork> work) {
+///     for (const auto& c : chunks) {
+///       const auto& s = work[c.segment];
+///       s.kernel(s.args, c.begin, c.end, *s.coefficients);
+///     }
+///   }
+///   void grad_stats(std::span<const dos::cpu::Chunk> chunks, std::span<const dos::cpu::SegmentWork> work,
+///                   std::span<dos::GradStats> out) {
+///     for (std::size_t i = 0; i < chunks.size(); ++i)
+///       out[i] = dos::cpu::grad_stats(work[chunks[i].segment].args.grad, work[chunks[i].segment].grad,
+///                                     chunks[i].begin, chunks[i].end);
+///   }
+///   void parallel_for(std::size_t n, dos::FunctionRef<void(std::size_t)> body) {
+///     for (std::size_t i = 0; i < n; ++i) body(i);
+///   }
+/// };
+/// static_assert(dos::cpu::CpuExecutor<Serial>);
+/// @endcode
+template <class E>
+concept CpuExecutor =
+    std::constructible_from<E, const CpuConfig&> &&
+    requires(E& e, const E& ce, std::span<const Chunk> chunks, std::span<const SegmentWork> work,
+             std::span<GradStats> out, std::size_t n, FunctionRef<void(std::size_t)> body, DType t, bool amsgrad) {
+      { ce.threads() } -> std::convertible_to<unsigned>;
+      { ce.kernel(t, t, amsgrad) } -> std::same_as<RangeKernel>;
+      e.run(chunks, work);
+      e.grad_stats(chunks, work, out);
+      e.parallel_for(n, body);
+    };
+
+}  // namespace dos::cpu

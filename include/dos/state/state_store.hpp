@@ -1,0 +1,223 @@
+#pragma once
+/// @file
+/// @brief `StateStore`: where the optimizer state lives and how it is cut for the CPU.
+///
+/// One zero-initialised, 64-byte-aligned block per subgroup, laid out
+/// [m | v | vmax? | master?], each array indexed by the segment's `state_offset`; the
+/// master exists when a segment's values are 16-bit or live on a device (the block is
+/// then the only fp32 copy). Built once: the partition (subgroups never mix groups,
+/// so each has one set of hyperparameters), the segment table the executors read, the
+/// chunks the CPU runs, and each parameter's chunks. `bind` points the table at the
+/// step's views; nothing here allocates after construction.
+
+#include "dos/core/function_ref.hpp"
+#include "dos/core/tensor.hpp"
+#include "dos/cpu/executor.hpp"
+#include "dos/error.hpp"
+#include "dos/memory/host_resource.hpp"
+#include "dos/optim/adam.hpp"
+#include "dos/partition/subgroup.hpp"
+#include "dos/state/param_table.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace dos {
+
+/// @brief The per-element state `read_state` and `write_state` address.
+enum class StateKind : std::uint8_t {
+  master,          ///< the fp32 parameter (the value itself for fp32 host parameters)
+  exp_avg,         ///< m
+  exp_avg_sq,      ///< v
+  max_exp_avg_sq,  ///< vmax (amsgrad only)
+};
+
+/// @brief Reads elements [offset, offset + out.size()) of a value view as floats,
+///        wherever the view lives.
+using ValueReader = FunctionRef<void(const TensorView&, std::size_t, std::span<float>)>;
+
+/// @brief The state blocks, the segment table and the chunks of one optimizer.
+template <MemoryResource Pinned>
+class StateStore {
+ public:
+  struct SegmentRef {
+    std::uint32_t subgroup = 0;
+    const Segment* segment = nullptr;
+  };
+  struct Block {
+    HostBuffer<float, Pinned> memory;
+    float* exp_avg = nullptr;
+    float* exp_avg_sq = nullptr;
+    float* max_exp_avg_sq = nullptr;
+    float* master = nullptr;
+    std::uint32_t first_segment = 0, end_segment = 0;  ///< its entries in `segments()` and `work()`
+    std::uint32_t first_chunk = 0, end_chunk = 0;      ///< its CPU chunks
+  };
+
+  /// @param partition called as `partition(sizes)` for each group's tensor sizes.
+  /// @param params the parameter table (kept by reference).
+  /// @param amsgrad whether each group uses amsgrad (it owns a vmax array).
+  /// @param resource where the blocks come from (pinned with a device backend).
+  /// @param read fills the masters from the values as they are now.
+  template <class Partition>
+  StateStore(Partition&& partition, const ParamTable& params, const std::vector<bool>& amsgrad, Pinned resource,
+             ValueReader read)
+      : params_(&params), amsgrad_(amsgrad), coefficients_(amsgrad.size()) {
+    const std::size_t n = params.size();
+    for (std::uint32_t g = 0; g < amsgrad.size(); ++g) {
+      std::vector<std::size_t> members, sizes;
+      for (std::size_t i = 0; i < n; ++i)
+        if (params.record(i).group == g) {
+          members.push_back(i);
+          sizes.push_back(params.record(i).numel);
+        }
+      if (members.empty()) continue;
+      for (Subgroup& s : partition(std::span<const std::size_t>(sizes))) {
+        for (Segment& seg : s.segments) {
+          if (seg.tensor >= members.size())
+            throw_invalid_argument("the partitioner named tensor {} of group {}, which has {}", seg.tensor, g,
+                                   members.size());
+          seg.tensor = static_cast<std::uint32_t>(members[seg.tensor]);
+        }
+        subgroups_.push_back(std::move(s));
+        subgroup_group_.push_back(g);
+      }
+    }
+    for (std::size_t s = 0; s < subgroups_.size(); ++s) build_block(s, amsgrad[subgroup_group_[s]], resource, read);
+    for (std::size_t k = 0; k < work_.size(); ++k)
+      work_[k].coefficients = &coefficients_[subgroup_group_[refs_[k].subgroup]];
+    // Each parameter's chunks, in chunk order.
+    param_chunks_begin_.assign(n + 1, 0);
+    for (const cpu::Chunk& c : chunks_) ++param_chunks_begin_[refs_[c.segment].segment->tensor + 1];
+    for (std::size_t p = 0; p < n; ++p) param_chunks_begin_[p + 1] += param_chunks_begin_[p];
+    param_chunks_.resize(chunks_.size());
+    std::vector<std::uint32_t> next(param_chunks_begin_.begin(), param_chunks_begin_.end() - 1);
+    for (std::uint32_t c = 0; c < chunks_.size(); ++c) param_chunks_[next[refs_[chunks_[c].segment].segment->tensor]++] = c;
+  }
+
+  const std::vector<Subgroup>& subgroups() const noexcept { return subgroups_; }
+  std::uint32_t group_of_subgroup(std::size_t s) const noexcept { return subgroup_group_[s]; }
+  std::span<Block> blocks() noexcept { return blocks_; }
+  std::span<const Block> blocks() const noexcept { return blocks_; }
+  std::span<const SegmentRef> segments() const noexcept { return refs_; }
+  std::span<cpu::SegmentWork> work() noexcept { return work_; }
+  std::span<const cpu::SegmentWork> work() const noexcept { return work_; }
+  std::span<const cpu::Chunk> chunks() const noexcept { return chunks_; }
+  /// @brief The chunks of subgroup @p s.
+  std::span<const cpu::Chunk> chunks_of(std::size_t s) const noexcept {
+    return std::span(chunks_).subspan(blocks_[s].first_chunk, blocks_[s].end_chunk - blocks_[s].first_chunk);
+  }
+  /// @brief Indices into `chunks()` of parameter @p p's chunks.
+  std::span<const std::uint32_t> param_chunks(std::size_t p) const noexcept {
+    return std::span(param_chunks_).subspan(param_chunks_begin_[p], param_chunks_begin_[p + 1] - param_chunks_begin_[p]);
+  }
+  /// @brief The coefficients every segment of group @p g reads this step.
+  AdamCoefficients<float>& coefficients(std::size_t g) noexcept { return coefficients_[g]; }
+
+  /// @brief A master copy exists for 16-bit values, and for values the framework keeps
+  ///        on a device (the host block is then the only host copy of the parameter).
+  bool has_master(std::size_t tensor) const noexcept {
+    return params_->record(tensor).dtype != DType::f32 || params_->on_device(tensor);
+  }
+
+  /// @brief Points the segment table at the parameter table's current views (host
+  ///        tensors; device tensors keep the pinned mirror their engine set) and picks
+  ///        each segment's kernel from @p cpu.
+  template <cpu::CpuExecutor E>
+  void bind(const E& cpu) {
+    for (std::size_t k = 0; k < work_.size(); ++k) {
+      const Segment& seg = *refs_[k].segment;
+      const TensorView& v = params_->value(seg.tensor);
+      const ConstTensorView& g = params_->grad(seg.tensor);
+      cpu::SegmentWork& w = work_[k];
+      if (!params_->on_device(seg.tensor)) {
+        w.args.param = static_cast<std::byte*>(v.data) + seg.tensor_offset * dtype_size(v.dtype);
+        w.args.grad = static_cast<const std::byte*>(g.data) + seg.tensor_offset * dtype_size(g.dtype);
+      }
+      w.kernel = cpu.kernel(v.dtype, g.dtype, w.amsgrad);
+      w.grad = g.dtype;
+    }
+  }
+
+  /// @brief Calls f(state, offset within the parameter, count, subgroup) for each
+  ///        segment of parameter @p param; `state` is null for the master of an fp32
+  ///        host parameter (the value is the master).
+  /// @throws std::invalid_argument for a bad parameter, kind or size.
+  template <class F>
+  void for_each_piece(std::size_t param, StateKind kind, std::size_t size, F&& f) const {
+    params_->checked(param);
+    if (size != params_->record(param).numel)
+      throw_invalid_argument("parameter {}: state buffer has {} elements, the parameter has {}", param, size,
+                             params_->record(param).numel);
+    if (kind != StateKind::master && kind != StateKind::exp_avg && kind != StateKind::exp_avg_sq &&
+        kind != StateKind::max_exp_avg_sq)
+      throw_invalid_argument("parameter {}: state kind {} does not exist", param, static_cast<int>(kind));
+    if (kind == StateKind::max_exp_avg_sq && !amsgrad_[params_->record(param).group])
+      throw_invalid_argument("parameter {}: its group does not use amsgrad, so it has no max_exp_avg_sq", param);
+    const bool value_is_master = kind == StateKind::master && !has_master(param);
+    for (std::size_t k = 0; k < refs_.size(); ++k) {
+      const Segment& seg = *refs_[k].segment;
+      if (seg.tensor != param) continue;
+      const Block& b = blocks_[refs_[k].subgroup];
+      float* base = kind == StateKind::master       ? b.master
+                    : kind == StateKind::exp_avg    ? b.exp_avg
+                    : kind == StateKind::exp_avg_sq ? b.exp_avg_sq
+                                                    : b.max_exp_avg_sq;
+      f(value_is_master ? nullptr : base + seg.state_offset, seg.tensor_offset, seg.count, refs_[k].subgroup);
+    }
+  }
+
+ private:
+  void build_block(std::size_t s, bool amsgrad, const Pinned& resource, ValueReader read) {
+    const Subgroup& sub = subgroups_[s];
+    bool needs_master = false;
+    for (const Segment& seg : sub.segments) needs_master |= has_master(seg.tensor);
+    const std::size_t arrays = 2 + (amsgrad ? 1 : 0) + (needs_master ? 1 : 0);
+    Block block;
+    block.memory = HostBuffer<float, Pinned>(arrays * sub.state_elements, resource);
+    float* next = block.memory.data();
+    const auto take = [&] { return std::exchange(next, next + sub.state_elements); };
+    block.exp_avg = take();
+    block.exp_avg_sq = take();
+    if (amsgrad) block.max_exp_avg_sq = take();
+    if (needs_master) block.master = take();
+    block.first_segment = static_cast<std::uint32_t>(refs_.size());
+    block.first_chunk = static_cast<std::uint32_t>(chunks_.size());
+    for (const Segment& seg : sub.segments) {
+      const auto segment = static_cast<std::uint32_t>(refs_.size());
+      refs_.push_back({static_cast<std::uint32_t>(s), &seg});
+      cpu::SegmentWork w;
+      w.count = seg.count;
+      w.value = params_->record(seg.tensor).dtype;
+      w.amsgrad = amsgrad;
+      w.args.exp_avg = block.exp_avg + seg.state_offset;
+      w.args.exp_avg_sq = block.exp_avg_sq + seg.state_offset;
+      if (amsgrad) w.args.max_exp_avg_sq = block.max_exp_avg_sq + seg.state_offset;
+      if (has_master(seg.tensor)) {
+        w.args.master = block.master + seg.state_offset;
+        read(params_->value(seg.tensor), seg.tensor_offset, {w.args.master, seg.count});
+      }
+      work_.push_back(w);
+      cpu::append_chunks(chunks_, segment, seg.count);
+    }
+    block.end_segment = static_cast<std::uint32_t>(refs_.size());
+    block.end_chunk = static_cast<std::uint32_t>(chunks_.size());
+    blocks_.push_back(std::move(block));
+  }
+
+  const ParamTable* params_;
+  std::vector<bool> amsgrad_;  // per group
+  std::vector<Subgroup> subgroups_;
+  std::vector<std::uint32_t> subgroup_group_;
+  std::vector<Block> blocks_;
+  std::vector<SegmentRef> refs_;
+  std::vector<cpu::SegmentWork> work_;
+  std::vector<cpu::Chunk> chunks_;
+  std::vector<AdamCoefficients<float>> coefficients_;
+  std::vector<std::uint32_t> param_chunks_begin_, param_chunks_;
+};
+
+}  // namespace dos

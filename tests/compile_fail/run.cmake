@@ -1,0 +1,26 @@
+# A backend declaring is_device_backend without modelling DeviceBackend must fail to
+# compile with dos's own message; the same file with the requirement present must
+# compile. Arguments: -DCXX=compiler -DSOURCE=file -DINCLUDE=dir -DTESTS=tests dir
+foreach(variant control broken)
+  set(defines)
+  if(variant STREQUAL "control")
+    set(defines -DDOS_CONTROL)
+  endif()
+  execute_process(COMMAND ${CXX} -std=c++20 -fsyntax-only ${defines} -I${INCLUDE} -I${TESTS} ${SOURCE}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(variant STREQUAL "control" AND NOT rc EQUAL 0)
+    message(FATAL_ERROR "the control (every requirement present) does not compile:\n${err}")
+  endif()
+  if(variant STREQUAL "broken")
+    if(rc EQUAL 0)
+      message(FATAL_ERROR "a backend missing grad_stats compiled; it must be refused")
+    endif()
+    if(NOT err MATCHES "does not model dos::DeviceBackend")
+      message(FATAL_ERROR "it failed, but not with dos's message:\n${err}")
+    endif()
+    if(NOT err MATCHES "grad_stats")
+      message(FATAL_ERROR "the diagnostic does not name the missing requirement (grad_stats):\n${err}")
+    endif()
+  endif()
+endforeach()
+message(STATUS "refused with a message naming the concept and the missing grad_stats; the control compiles")

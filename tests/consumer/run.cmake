@@ -27,7 +27,8 @@ function(probe name prefix args expect)
   execute_process(COMMAND ${CMAKE_COMMAND} -S ${DOS_SOURCE}/tests/consumer/components -B ${WORK}/probe-${name}
                           -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${prefix} "-DDOS_FIND_ARGS=${args}" ${PROBE_EXTRA}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  set(all "${out}${err}")
+  # CMake wraps the reasons it prints: match against the text with whitespace collapsed.
+  string(REGEX REPLACE "[ \t\r\n]+" " " all "${out}${err}")
   if((expect STREQUAL "ok" AND NOT rc EQUAL 0) OR (expect STREQUAL "fail" AND rc EQUAL 0))
     message(FATAL_ERROR "probe ${name}: find_package(dos CONFIG ${args}) should ${expect} but exited ${rc}:\n${all}")
   endif()
@@ -57,12 +58,12 @@ run_step(${CMAKE_COMMAND} -S ${DOS_SOURCE}/tests/consumer -B ${WORK}/consumer-bu
 run_step(${CMAKE_COMMAND} --build ${WORK}/consumer-build)
 run_step(${WORK}/consumer-build/consumer)
 
-probe(required_cuda_missing ${prefix} "COMPONENTS;cuda" fail "built without a CUDA toolkit")
-probe(optional_cuda_missing ${prefix} "OPTIONAL_COMPONENTS;cuda" ok
-      "dos_FOUND=1 dos_cuda_FOUND=FALSE targets=dos::dos\n")
-probe(unknown_component ${prefix} "COMPONENTS;cuda;bogus" fail "dos has no component 'bogus'")
+probe(required_cuda_missing ${prefix} "REQUIRED;COMPONENTS;cuda" fail "not in the dos package at .*/lib/cmake/dos: it was built without a CUDA toolkit")
+probe(optional_cuda_missing ${prefix} "REQUIRED;OPTIONAL_COMPONENTS;cuda" ok
+      "dos_FOUND=1 dos_cuda_FOUND=FALSE targets=\\[dos::dos\\]")
+probe(unknown_component ${prefix} "REQUIRED;COMPONENTS;cuda;bogus" fail "dos has no component 'bogus'")
 set(PROBE_EXTRA -DDOS_FIND_VERSION=99.0)
-probe(version_too_new ${prefix} "" fail "dosConfig.cmake, version: [0-9]+[.][0-9]+[.][0-9]+")
+probe(version_too_new ${prefix} "REQUIRED" fail "dosConfig.cmake, version: [0-9]+[.][0-9]+[.][0-9]+")
 unset(PROBE_EXTRA)
 
 # The same install through pkg-config, compiled with nothing but the standard and what
@@ -99,11 +100,11 @@ if(DOS_CUDA_FOUND)
   run_step(${CMAKE_COMMAND} --build ${WORK}/consumer-cuda-build)
   run_step(${WORK}/consumer-cuda-build/consumer)
   run_step(${WORK}/consumer-cuda-build/consumer_cuda)
-  probe(required_cuda_present ${prefix} "COMPONENTS;cuda" ok "dos_FOUND=1 dos_cuda_FOUND=TRUE targets=dos::dos;dos::cuda;CUDA::cudart")
+  probe(required_cuda_present ${prefix} "REQUIRED;COMPONENTS;cuda" ok "dos_FOUND=1 dos_cuda_FOUND=TRUE targets=\\[dos::dos,dos::cuda,CUDA::cudart\\]")
   # dos::dos from a CUDA build, on a machine without a toolkit: CMake may not look for one.
   set(PROBE_EXTRA -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON)
-  probe(no_toolkit_needed ${prefix} "" ok "dos_FOUND=1 dos_cuda_FOUND= targets=dos::dos\n")
-  probe(no_toolkit_for_cuda ${prefix} "COMPONENTS;cuda" fail "needs the CUDA toolkit|CUDAToolkit")
+  probe(no_toolkit_needed ${prefix} "REQUIRED" ok "dos_FOUND=1 dos_cuda_FOUND= targets=\\[dos::dos\\]")
+  probe(no_toolkit_for_cuda ${prefix} "REQUIRED;COMPONENTS;cuda" fail "could not be found because dependency CUDAToolkit could not be found")
   unset(PROBE_EXTRA)
 else()
   message(STATUS "this build has no dos::cuda: its consumer is not built")

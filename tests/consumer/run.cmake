@@ -104,7 +104,7 @@ if(DOS_CUDA_FOUND)
   # dos::dos from a CUDA build, on a machine without a toolkit: CMake may not look for one.
   set(PROBE_EXTRA -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON)
   probe(no_toolkit_needed ${prefix} "REQUIRED" ok "dos_FOUND=1 dos_cuda_FOUND= targets=\\[dos::dos\\]")
-  probe(no_toolkit_for_cuda ${prefix} "REQUIRED;COMPONENTS;cuda" fail "could not be found because dependency CUDAToolkit could not be found")
+  probe(no_toolkit_for_cuda ${prefix} "REQUIRED;COMPONENTS;cuda" fail "needs the CUDA toolkit \\(CUDA::cudart\\), which was not found")
   unset(PROBE_EXTRA)
 else()
   message(STATUS "this build has no dos::cuda: its consumer is not built")

@@ -7,9 +7,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# libtorch-dev: the torch adapter's tests and train_gpt (skipped where absent);
+# libtorch-dev: the torch adapter's tests and train_gpt (skipped where absent).
 # doxygen and python3: the documentation and layering checks.
-packages=(cmake make g++ libfmt-dev doctest-dev libbenchmark-dev libtorch-dev doxygen python3)
+# clang: the stand-alone header tests compile with g++ and clang++. pkg-config: dos.pc
+# is checked. ninja-build: vcpkg's portfiles build with it. python3-venv: Conan, below.
+packages=(cmake make g++ libfmt-dev doctest-dev libbenchmark-dev libtorch-dev doxygen python3 clang pkg-config
+          ninja-build python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -20,6 +23,17 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# Conan 2 from PyPI, for the conan_create test, in a virtual environment of its own
+# (never the system Python); build/venv is what tests/packaging looks for.
+install_conan() {
+  local venv=build/venv
+  if [[ ! -x $venv/bin/conan ]]; then
+    echo "dos: installing Conan 2 into $venv"
+    /usr/bin/python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "conan>=2.0,<3"
+  fi
+}
+
 jobs=$(nproc)
 case "${1:-}" in
   quickstart)
@@ -28,6 +42,7 @@ case "${1:-}" in
     build/release/examples/quickstart
     ;;
   test)
+    install_conan
     cmake --preset release
     cmake --build --preset release -j "$jobs"
     ctest --preset release

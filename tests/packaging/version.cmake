@@ -1,0 +1,97 @@
+# CTest's version_consistency. The version is set once, in CMakeLists.txt's
+# project(dos VERSION x.y.z); everything that states it again must agree:
+#   include/dos/version.hpp    DOS_VERSION_MAJOR/MINOR/PATCH (the header has no build step)
+#   ports/dos/vcpkg.json       "version" (vcpkg reads no CMake)
+#   CHANGELOG.md               the newest release heading, "## [x.y.z]"
+#   conanfile.py               reads CMakeLists.txt in set_version(); must not hard-code one
+#   dosConfigVersion.cmake     generated from PROJECT_VERSION; SameMajorVersion checked
+#   dos.pc                     generated from PROJECT_VERSION
+# Run as: cmake -DDOS_SOURCE=<repo> -DVERSION=<PROJECT_VERSION> -DBUILD_DIR=<build> -P version.cmake
+foreach(var DOS_SOURCE VERSION BUILD_DIR)
+  if(NOT DEFINED ${var} OR "${${var}}" STREQUAL "")
+    message(FATAL_ERROR "version.cmake: -D${var}=... is required")
+  endif()
+endforeach()
+set(errors)
+macro(expect what found)
+  if(NOT "${found}" STREQUAL "${VERSION}")
+    list(APPEND errors "${what} says '${found}', CMakeLists.txt's project(VERSION) is ${VERSION}")
+  endif()
+endmacro()
+if(NOT VERSION MATCHES "^([0-9]+)\\.([0-9]+)\\.([0-9]+)$")
+  message(FATAL_ERROR "project(VERSION) is '${VERSION}', not major.minor.patch (semantic versioning)")
+endif()
+set(major ${CMAKE_MATCH_1})
+set(minor ${CMAKE_MATCH_2})
+
+# The configured build is not stale: CMakeLists.txt states the same version.
+file(READ ${DOS_SOURCE}/CMakeLists.txt text)
+string(REGEX MATCH "project\\([ \t\n]*dos[ \t\n]+VERSION[ \t\n]+([0-9.]+)" _ "${text}")
+expect("CMakeLists.txt (re-read; reconfigure?)" "${CMAKE_MATCH_1}")
+
+file(READ ${DOS_SOURCE}/include/dos/version.hpp text)
+set(parts)
+foreach(part MAJOR MINOR PATCH)
+  if(text MATCHES "#define DOS_VERSION_${part} ([0-9]+)")
+    list(APPEND parts ${CMAKE_MATCH_1})
+  else()
+    list(APPEND errors "include/dos/version.hpp has no '#define DOS_VERSION_${part} <number>'")
+  endif()
+endforeach()
+list(JOIN parts "." header_version)
+expect("include/dos/version.hpp" "${header_version}")
+
+file(READ ${DOS_SOURCE}/ports/dos/vcpkg.json text)
+string(JSON port_version ERROR_VARIABLE json_error GET "${text}" version)
+if(json_error)
+  list(APPEND errors "ports/dos/vcpkg.json: no \"version\" (${json_error})")
+else()
+  expect("ports/dos/vcpkg.json" "${port_version}")
+endif()
+
+file(READ ${DOS_SOURCE}/CHANGELOG.md text)
+string(REGEX MATCH "\n## \\[([0-9]+\\.[0-9]+\\.[0-9]+)\\]" _ "${text}")
+expect("CHANGELOG.md's newest release heading" "${CMAKE_MATCH_1}")
+
+file(READ ${DOS_SOURCE}/conanfile.py text)
+if(text MATCHES "\n[ \t]*version[ \t]*=")
+  list(APPEND errors "conanfile.py sets a version of its own; it must read CMakeLists.txt in set_version()")
+elseif(NOT text MATCHES "def set_version\\(self\\):[^\n]*\n[^\n]*CMakeLists\\.txt")
+  list(APPEND errors "conanfile.py: set_version() does not read CMakeLists.txt")
+endif()
+
+# The package version file: the version, and SameMajorVersion's rule.
+set(version_file ${BUILD_DIR}/dosConfigVersion.cmake)
+if(NOT EXISTS ${version_file})
+  list(APPEND errors "${version_file} is missing (configure with DOS_INSTALL=ON)")
+else()
+  math(EXPR next_major "${major} + 1")
+  math(EXPR next_minor "${minor} + 1")
+  foreach(request_expect "${major}.0;TRUE" "${major}.${minor};TRUE" "${VERSION};TRUE"
+                         "${major}.${next_minor};FALSE" "${next_major}.0;FALSE")
+    list(GET request_expect 0 PACKAGE_FIND_VERSION)
+    list(GET request_expect 1 want)
+    string(REPLACE "." ";" request_parts "${PACKAGE_FIND_VERSION}")
+    list(GET request_parts 0 PACKAGE_FIND_VERSION_MAJOR)
+    set(PACKAGE_VERSION_COMPATIBLE FALSE)
+    include(${version_file})
+    expect("dosConfigVersion.cmake's PACKAGE_VERSION" "${PACKAGE_VERSION}")
+    if(NOT "${PACKAGE_VERSION_COMPATIBLE}" STREQUAL "${want}")
+      list(APPEND errors "dosConfigVersion.cmake: a request for ${PACKAGE_FIND_VERSION} gives compatible="
+                         "${PACKAGE_VERSION_COMPATIBLE}, SameMajorVersion wants ${want}")
+    endif()
+  endforeach()
+endif()
+if(EXISTS ${BUILD_DIR}/dos.pc)
+  file(STRINGS ${BUILD_DIR}/dos.pc pc_version REGEX "^Version: ")
+  string(REPLACE "Version: " "" pc_version "${pc_version}")
+  expect("dos.pc" "${pc_version}")
+else()
+  list(APPEND errors "${BUILD_DIR}/dos.pc is missing (configure with DOS_INSTALL=ON)")
+endif()
+
+if(errors)
+  list(JOIN errors "\n  " shown)
+  message(FATAL_ERROR "version_consistency: the version is stated differently:\n  ${shown}")
+endif()
+message(STATUS "version_consistency: ${VERSION} everywhere")

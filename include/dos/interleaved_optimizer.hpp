@@ -279,6 +279,32 @@ class InterleavedOptimizer {
   }
   /// @brief `step()` calls so far, skipped ones included: the index schedules see next.
   std::int64_t schedule_index() const noexcept { return calls_; }
+  /// @brief Sets the index the schedules see at the next `step()`, for resuming from
+  ///        a checkpoint (the schedules themselves are code and are set again).
+  /// @throws std::invalid_argument for a negative index.
+  void set_schedule_index(std::int64_t calls) {
+    if (calls < 0) throw_invalid_argument("schedule index must be >= 0, got {}", calls);
+    calls_ = calls;
+  }
+
+  /// @brief Clean steps since the loss scale last changed (GradScaler's growth
+  ///        tracker); 0 without loss scaling.
+  std::int64_t loss_scale_growth_tracker() const noexcept { return options_.loss_scaling ? growth_tracker_ : 0; }
+  /// @brief Restores the loss scaler's scale and growth tracker, for resuming.
+  /// @throws std::invalid_argument without `Options::loss_scaling`, for a scale that is
+  ///         not a finite positive power of two, or a tracker outside
+  ///         [0, growth_interval); nothing changes then.
+  void set_loss_scaler_state(double scale, std::int64_t growth_tracker) {
+    if (!options_.loss_scaling) throw_invalid_argument("set_loss_scaler_state: this optimizer has no loss scaling");
+    int e = 0;
+    if (!detail::finite_bits(scale) || scale <= 0 || std::frexp(scale, &e) != 0.5)
+      throw_invalid_argument("loss scale must be a finite positive power of two, got {}", scale);
+    if (growth_tracker < 0 || growth_tracker >= options_.loss_scaling->growth_interval)
+      throw_invalid_argument("loss scale growth tracker must be in [0, {}), got {}", options_.loss_scaling->growth_interval,
+                             growth_tracker);
+    scale_ = scale;
+    growth_tracker_ = growth_tracker;
+  }
 
   /// @brief Backward is about to start. With a device backend the coming update's
   ///        plan is chosen now, so `grad_ready` can start gradient transfers while
@@ -355,6 +381,17 @@ class InterleavedOptimizer {
   std::size_t num_params() const noexcept { return params_.size(); }
   /// @brief Elements of parameter @p param, as recorded at construction.
   std::size_t param_numel(std::size_t param) const { return params_.at(param).numel; }
+  /// @brief Element type of parameter @p param's value, as recorded at construction.
+  DType param_dtype(std::size_t param) const { return params_.at(param).dtype; }
+  /// @brief The group parameter @p param belongs to.
+  std::size_t param_group(std::size_t param) const { return param_group_.at(param); }
+  /// @brief Whether dos keeps an fp32 master of parameter @p param apart from its
+  ///        value: for 16-bit values, and for values the framework keeps on a device.
+  /// @throws std::out_of_range for a bad index.
+  bool param_has_master(std::size_t param) const {
+    static_cast<void>(params_.at(param));  // the bounds check
+    return has_master(param);
+  }
   std::size_t num_groups() const noexcept { return groups_.size(); }
   const AdamConfig& hyperparameters(std::size_t group) const { return groups_.at(checked_group(group)); }
 

@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # libtorch-dev: the torch adapter's tests and train_gpt (skipped where absent).
-packages=(cmake make g++ libfmt-dev doctest-dev libbenchmark-dev libtorch-dev)
+# nlohmann-json3-dev: checkpoints. python3-torch: the checkpoint tool's test.
+packages=(cmake make g++ libfmt-dev doctest-dev libbenchmark-dev libtorch-dev nlohmann-json3-dev python3-torch)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -76,8 +76,17 @@ struct Run {
     return o;
   }
 
-  explicit Run(const RunSpec& s) : model(s.specs, two_groups, !s.device), opt(model.groups(), options(s)), spec(s) {
+  /// @param values the parameter values to start from (the framework restores its
+  ///        weights before it builds the optimizer); none: the initial ones.
+  explicit Run(const RunSpec& s, const std::vector<std::byte>* values = nullptr)
+      : model(make_model(s, values)), opt(model.groups(), options(s)), spec(s) {
     set_schedules();
+  }
+
+  static MixedModel make_model(const RunSpec& s, const std::vector<std::byte>* values) {
+    MixedModel m(s.specs, two_groups, !s.device);
+    if (values != nullptr) set_values(m, *values);
+    return m;
   }
 
   /// Schedules are code: a resumed run sets them again, as a training script would.
@@ -97,7 +106,8 @@ struct Run {
 
   /// What the framework saves itself: the parameter values.
   std::vector<std::byte> values() { return model.value_bytes(); }
-  void set_values(const std::vector<std::byte>& bytes) {
+  void set_values(const std::vector<std::byte>& bytes) { set_values(model, bytes); }
+  static void set_values(MixedModel& model, const std::vector<std::byte>& bytes) {
     std::size_t at = 0;
     for (std::size_t t = 0; t < model.specs().size(); ++t) {
       const std::size_t n = model.specs()[t].numel * dtype_size(model.specs()[t].dtype);

@@ -160,8 +160,19 @@ void load_into(O& opt, const CheckpointReader& r) {
   }
   if (x.step_count == INT64_MAX) throw_runtime_error("{}: step_count {} is out of range", file, x.step_count);
 
+  // The master of an fp32 parameter is optional both ways: a checkpoint saved where
+  // the parameter lived on a device has one (it equals the value), one saved from the
+  // host or from torch has none (dos's copy then comes from the framework's value,
+  // read when the optimizer was built).
+  std::vector<SavedTensor> wanted;
+  for (SavedTensor& t : saved_tensors(opt))
+    if (t.kind != StateKind::master || x.params[t.param].dtype != DType::f32 || r.contains(t.name)) wanted.push_back(std::move(t));
+  for (std::size_t p = 0; p < x.params.size(); ++p) {
+    const std::string name = fmt::format("state.{}.master", p);
+    if (x.params[p].dtype == DType::f32 && !opt.param_has_master(p) && r.contains(name))
+      wanted.push_back({name, p, StateKind::master, opt.param_numel(p), 0});
+  }
   // Every tensor checked (type, size, checksum) before any is written.
-  const std::vector<SavedTensor> wanted = saved_tensors(opt);
   std::set<std::string> names;
   std::vector<std::span<const float>> data;
   for (const SavedTensor& t : wanted) {

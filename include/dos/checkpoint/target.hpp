@@ -23,6 +23,7 @@ concept CheckpointTarget = requires(O& o, const O& c, std::size_t i, std::span<f
   { c.param_numel(i) } -> std::convertible_to<std::size_t>;
   { c.param_dtype(i) } -> std::same_as<DType>;
   { c.param_group(i) } -> std::convertible_to<std::size_t>;
+  { c.param_has_master(i) } -> std::convertible_to<bool>;
   { c.num_groups() } -> std::convertible_to<std::size_t>;
   { c.hyperparameters(i) } -> std::convertible_to<AdamConfig>;
   { c.step_count() } -> std::convertible_to<std::int64_t>;
@@ -61,8 +62,9 @@ inline const char* state_name(StateKind k) noexcept {
 }
 
 /// @brief The tensors a checkpoint of @p opt holds, in file order: per parameter m, v,
-///        vmax with amsgrad, and the fp32 master of 16-bit parameters (the value is
-///        the master of an fp32 one, and the framework saves its weights itself).
+///        vmax with amsgrad, and the fp32 master where dos keeps one apart from the
+///        value (16-bit values; values on a device). The value of an fp32 host
+///        parameter is its master, and the framework saves its weights itself.
 template <CheckpointTarget O>
 std::vector<SavedTensor> saved_tensors(const O& opt) {
   std::vector<SavedTensor> out;
@@ -76,7 +78,7 @@ std::vector<SavedTensor> saved_tensors(const O& opt) {
     add(StateKind::exp_avg);
     add(StateKind::exp_avg_sq);
     if (opt.hyperparameters(opt.param_group(p)).amsgrad) add(StateKind::max_exp_avg_sq);
-    if (opt.param_dtype(p) != DType::f32) add(StateKind::master);
+    if (opt.param_has_master(p)) add(StateKind::master);
   }
   return out;
 }

@@ -16,12 +16,15 @@
 #include "dos/checkpoint/safetensors.hpp"
 #include "dos/checkpoint/target.hpp"
 
+#include <algorithm>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <random>
 #include <span>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -43,7 +46,7 @@ class Snapshot {
       data_ = std::make_unique_for_overwrite<float[]>(total);
       capacity_ = total;
     }
-    for (const SavedTensor& t : tensors) opt.read_state(t.param, t.kind, std::span<float>(data_.get() + t.offset, t.numel));
+    copy_state(opt, tensors);
     CheckpointIndex x;
     x.dos_version = dos_version_string();
     x.step_count = opt.step_count();
@@ -60,6 +63,10 @@ class Snapshot {
   }
 
   const CheckpointIndex& index() const noexcept { return index_; }
+
+  /// @brief Threads a capture copies with, where the optimizer allows concurrent
+  ///        reads (0: every hardware thread).
+  unsigned copy_threads = 0;
   const std::vector<SavedTensor>& tensors() const noexcept { return tensors_; }
   /// @brief The captured floats, `elements()` of them, tensor after tensor.
   std::span<const float> data() const noexcept { return {data_.get(), elements_}; }
@@ -68,6 +75,54 @@ class Snapshot {
   std::size_t capacity() const noexcept { return capacity_; }
 
  private:
+  // The copy is the stall an asynchronous save imposes, and it is bound by memory
+  // bandwidth, so it is spread over threads, tensor by tensor. Only for host-only
+  // optimizers: a device optimizer's read_state may pull resident subgroups through
+  // its one synchronous stream, which is not safe to share.
+  template <CheckpointTarget O>
+  void copy_state(const O& opt, const std::vector<SavedTensor>& tensors) {
+    const auto one = [&](const SavedTensor& t) {
+      opt.read_state(t.param, t.kind, std::span<float>(data_.get() + t.offset, t.numel));
+    };
+    unsigned threads = copy_threads != 0 ? copy_threads : std::max(1u, std::thread::hardware_concurrency());
+    if constexpr (requires { requires O::interleaved; }) threads = 1;
+    threads = static_cast<unsigned>(std::min<std::size_t>(threads, tensors.size()));
+    if (threads <= 1) {
+      for (const SavedTensor& t : tensors) one(t);
+      return;
+    }
+    // Largest first, each to the least loaded thread.
+    std::vector<const SavedTensor*> order;
+    for (const SavedTensor& t : tensors) order.push_back(&t);
+    std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->numel > b->numel; });
+    std::vector<std::vector<const SavedTensor*>> bins(threads);
+    std::vector<std::size_t> load(threads, 0);
+    for (const SavedTensor* t : order) {
+      const std::size_t k = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+      bins[k].push_back(t);
+      load[k] += t->numel;
+    }
+    std::vector<std::exception_ptr> errors(threads);
+    {
+      std::vector<std::jthread> workers;
+      for (unsigned k = 1; k < threads; ++k)
+        workers.emplace_back([&, k] {
+          try {
+            for (const SavedTensor* t : bins[k]) one(*t);
+          } catch (...) {
+            errors[k] = std::current_exception();
+          }
+        });
+      try {
+        for (const SavedTensor* t : bins[0]) one(*t);
+      } catch (...) {
+        errors[0] = std::current_exception();
+      }
+    }
+    for (const auto& e : errors)
+      if (e) std::rethrow_exception(e);
+  }
+
   std::unique_ptr<float[]> data_;
   std::size_t capacity_ = 0, elements_ = 0;
   std::vector<SavedTensor> tensors_;

@@ -11,8 +11,9 @@ cd "$(dirname "$0")/.."
 # doxygen and python3: the documentation and layering checks.
 # clang: the stand-alone header tests compile with g++ and clang++. pkg-config: dos.pc
 # is checked. ninja-build: vcpkg's portfiles build with it. python3-venv: Conan, below.
+# nlohmann-json3-dev: checkpoints. python3-torch: the checkpoint tool's test.
 packages=(cmake make g++ libfmt-dev doctest-dev libbenchmark-dev libtorch-dev doxygen python3 clang pkg-config
-          ninja-build python3-venv)
+          ninja-build python3-venv nlohmann-json3-dev python3-torch)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

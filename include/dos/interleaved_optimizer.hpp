@@ -12,9 +12,9 @@
 
 #include "dos/backend/cpu.hpp"
 #include "dos/backend/device_backend.hpp"
+#include "dos/components.hpp"
 #include "dos/core/call_guard.hpp"
 #include "dos/core/tensor.hpp"
-#include "dos/cpu/cpu_adam.hpp"
 #include "dos/engine/state_access.hpp"
 #include "dos/engine/update_engine.hpp"
 #include "dos/engine/value_io.hpp"
@@ -23,8 +23,6 @@
 #include "dos/optim/loss_scaler.hpp"
 #include "dos/optim/param_group.hpp"
 #include "dos/options.hpp"
-#include "dos/partition/greedy_partitioner.hpp"
-#include "dos/schedule/cost_model.hpp"
 #include "dos/state/param_table.hpp"
 #include "dos/state/state_store.hpp"
 #include "dos/train/accumulator.hpp"
@@ -33,27 +31,12 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <ranges>
 #include <span>
 #include <vector>
 
 namespace dos {
-
-/// @brief The policy-based parts of an optimizer. Derive and override one to swap it:
-///        `struct Mine : dos::DefaultComponents { using partitioner = OnePerTensor; };`
-struct DefaultComponents {
-  using partitioner = GreedyPartitioner;     ///< a `Partitioner`
-  using cost_model = FirstOrderCostModel;    ///< a `CostModel`
-  using cpu_executor = cpu::CpuAdamExecutor; ///< a `cpu::CpuExecutor`
-};
-
-/// @brief A components bundle: each member type models its concept.
-template <class C>
-concept Components = Partitioner<typename C::partitioner> && CostModel<typename C::cost_model> &&
-                     cpu::CpuExecutor<typename C::cpu_executor>;
 
 /// @brief Adam/AdamW over parameters whose fp32 state lives in host memory, with the
 ///        update split between the CPU and (with a device backend) a device.
@@ -77,9 +60,9 @@ class InterleavedOptimizer {
   using Model = typename C::cost_model;
   using Engine = engine::engine_for<Backend, Executor, Model>;
   using Pinned = engine::pinned_memory_for<Backend, Executor, Model>;
-  static constexpr bool has_device = DeviceBackend<Backend>;
-
  public:
+  /// @brief Whether the backend is a device backend (the update may be interleaved).
+  static constexpr bool interleaved = DeviceBackend<Backend>;
   using BackendConfig = typename Backend::Config;
 
   /// @brief One group: every parameter of @p params shares @p hyper.
@@ -96,7 +79,7 @@ class InterleavedOptimizer {
   explicit InterleavedOptimizer(std::vector<ParamGroup<P>> groups, Options options = {}, BackendConfig backend = {})
       : options_(validated(std::move(options))), groups_(hyperparameters_of(groups)), cpu_(options_.cpu()),
         backend_(options_.cpu(), backend), values_(backend_),
-        params_(flatten(groups), group_of_each(groups), engine::device_usable(backend_), has_device),
+        params_(flatten(groups), group_of_each(groups), engine::device_usable(backend_), interleaved),
         store_([&](std::span<const std::size_t> sizes) { return partitioner_.partition(sizes); }, params_, amsgrad_of(groups_),
                engine::pinned_resource(backend_, options_.huge_pages), [&](const TensorView& v, std::size_t off, std::span<float> out) { values_.read(v, off, out); }),
         engine_(engine::make_engine<Engine>(backend_, cpu_, store_, params_, values_, options_.interleave)), norm_(params_.size(), store_.chunks().size()), scaler_(options_.loss_scaling),
@@ -131,6 +114,18 @@ class InterleavedOptimizer {
   }
   /// @brief `step()` calls so far, skipped ones included: the index schedules see next.
   std::int64_t schedule_index() const noexcept { return schedules_.calls(); }
+  /// @brief Sets the index the schedules see next, for resuming (schedules are code: set them again).
+  void set_schedule_index(std::int64_t calls) {
+    const CallGuard::Exclusive busy(guard_, "set_schedule_index()");
+    schedules_.set_calls(calls);
+  }
+  /// @brief GradScaler's growth tracker: clean steps since the scale last changed (0 without scaling).
+  std::int64_t loss_scale_growth_tracker() const noexcept { return scaler_.growth_tracker(); }
+  /// @brief Restores the loss scale and its growth tracker, for resuming (`LossScaler::restore`).
+  void set_loss_scaler_state(double scale, std::int64_t growth_tracker) {
+    const CallGuard::Exclusive busy(guard_, "set_loss_scaler_state()");
+    scaler_.restore(scale, growth_tracker);
+  }
 
   /// @brief Backward is about to start. With a device backend the coming update's plan
   ///        is chosen now, so `grad_ready` can start transfers while backward goes on.
@@ -177,6 +172,10 @@ class InterleavedOptimizer {
   std::size_t num_params() const noexcept { return params_.size(); }
   /// @brief Elements of parameter @p param, as recorded at construction.
   std::size_t param_numel(std::size_t param) const { return params_.record(params_.checked(param)).numel; }
+  /// @brief Parameter @p param as recorded at construction: size, dtype, place, group.
+  const ParamRecord& param_record(std::size_t param) const { return params_.record(params_.checked(param)); }
+  /// @brief Whether dos keeps an fp32 master of @p param apart from its value (16-bit or device values).
+  bool param_has_master(std::size_t param) const { return store_.has_master(params_.checked(param)); }
   std::size_t num_groups() const noexcept { return groups_.size(); }
   const AdamConfig& hyperparameters(std::size_t group) const { return groups_[checked_group(group)]; }
   /// @brief Changes a group's learning rate, for schedulers; effective at the next step.
@@ -197,11 +196,12 @@ class InterleavedOptimizer {
 
   // ---- Checkpoint access --------------------------------------------------------
 
-  /// @brief Copies one state tensor of parameter @p param into @p out (with a device
-  ///        backend this may copy from the device, hence not const).
+  /// @brief Copies one state tensor of parameter @p param into @p out. Without a device
+  ///        it only reads, so several threads may call it at once (checkpoint writers);
+  ///        with one it may pull resident state through one stream, hence not const.
   /// @throws std::invalid_argument for a bad index, kind or size, or vmax without amsgrad.
   void read_state(std::size_t param, StateKind kind, std::span<float> out) {
-    const CallGuard::Exclusive busy(guard_, "read_state()");
+    const std::conditional_t<interleaved, CallGuard::Exclusive, CallGuard::Shared> busy(guard_, "read_state()");
     engine::read_state(store_, engine_, values_, params_, param, kind, out);
   }
   /// @brief Overwrites one state tensor of parameter @p param. Writing the master of a
@@ -225,24 +225,24 @@ class InterleavedOptimizer {
   bool device_available() const noexcept { return engine_.device_available(); }
   /// @brief Caps the device staging memory of later steps; below one slot, steps fall
   ///        back to the CPU with a reason.
-  void set_staging_budget(std::size_t bytes) requires has_device {
+  void set_staging_budget(std::size_t bytes) requires interleaved {
     const CallGuard::Exclusive busy(guard_, "set_staging_budget()");
     engine_.set_staging_budget(bytes);
   }
   /// @brief Changes the assignment policy; it must keep the residents chosen at construction.
   /// @throws std::invalid_argument for an invalid policy or a change of residency.
-  void set_policy(const AnyPolicy& p) requires has_device {
+  void set_policy(const AnyPolicy& p) requires interleaved {
     const CallGuard::Exclusive busy(guard_, "set_policy()");
     engine_.set_policy(p);
   }
-  const AnyPolicy& policy() const noexcept requires has_device { return engine_.policy(); }
+  const AnyPolicy& policy() const noexcept requires interleaved { return engine_.policy(); }
   /// @brief The last step's plan with its predicted and measured timelines.
-  const StepTimeline& timeline() const noexcept requires has_device { return engine_.timeline(); }
+  const StepTimeline& timeline() const noexcept requires interleaved { return engine_.timeline(); }
   /// @brief The cost model, refined by every step so far.
-  const Model& cost_model() const requires has_device { return engine_.cost_model(); }
-  PoolStats staging_pool() const requires has_device { return engine_.staging_pool(); }
-  std::size_t staging_slot_bytes() const requires has_device { return engine_.staging_slot_bytes(); }
-  const std::vector<SubgroupShape>& subgroup_shapes() const noexcept requires has_device { return engine_.subgroup_shapes(); }
+  const Model& cost_model() const requires interleaved { return engine_.cost_model(); }
+  PoolStats staging_pool() const requires interleaved { return engine_.staging_pool(); }
+  std::size_t staging_slot_bytes() const requires interleaved { return engine_.staging_slot_bytes(); }
+  const std::vector<SubgroupShape>& subgroup_shapes() const noexcept requires interleaved { return engine_.subgroup_shapes(); }
 
   /// @brief Threads the CPU update runs on, the caller included.
   unsigned threads() const noexcept { return cpu_.threads(); }

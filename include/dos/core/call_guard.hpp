@@ -23,8 +23,9 @@ class CallGuard {
       int idle = 0;
       if (!g.state_.compare_exchange_strong(idle, -1, std::memory_order_acquire))
         throw std::logic_error(std::string("dos: ") + call +
-                               " was called while another call was running on this optimizer; only grad_ready may "
-                               "run concurrently (with itself), every other call must be made from one thread at a time");
+                               " was called while another call was running on this optimizer; only grad_ready (and "
+                               "read_state without a device) may run concurrently, every other call must be made from "
+                               "one thread at a time");
     }
     ~Exclusive() { g_.state_.store(0, std::memory_order_release); }
     Exclusive(const Exclusive&) = delete;

@@ -70,6 +70,22 @@ class LossScaler {
     tracker_ = 0;
   }
 
+  /// @brief Restores a saved scale and growth tracker, for resuming.
+  /// @throws std::invalid_argument when loss scaling is off, for a scale that is not a
+  ///         power of two in [`min_scale`, `max_scale`], or a tracker outside
+  ///         [0, growth_interval); nothing changes then.
+  void restore(double scale, std::int64_t growth_tracker) {
+    if (!enabled()) throw_invalid_argument("set_loss_scaler_state: this optimizer has no loss scaling");
+    int e = 0;
+    if (!detail::finite_bits(scale) || scale < min_scale || scale > max_scale || std::frexp(scale, &e) != 0.5)
+      throw_invalid_argument("loss scale must be a power of two in [2^-126, 2^127], got {}", scale);
+    if (growth_tracker < 0 || growth_tracker >= settings_->growth_interval)
+      throw_invalid_argument("loss scale growth tracker must be in [0, {}), got {}", settings_->growth_interval,
+                             growth_tracker);
+    scale_ = scale;
+    tracker_ = growth_tracker;
+  }
+
   static void validate(const LossScaling& ls) {
     // Bit tests, not std::isfinite: a consumer built with -ffast-math must still be checked.
     const auto finite = [](double x) { return detail::finite_bits(x); };

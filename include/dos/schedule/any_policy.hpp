@@ -26,8 +26,10 @@ namespace dos {
 class AnyPolicy {
  public:
   AnyPolicy() : AnyPolicy(AutomaticStride{}) {}
-  template <AssignmentPolicy P>
-    requires(!std::is_same_v<std::remove_cvref_t<P>, AnyPolicy>)
+  // The exclusion comes first: checking AssignmentPolicy<AnyPolicy> would ask whether
+  // AnyPolicy is copyable, which asks this constructor again.
+  template <class P>
+    requires(!std::is_same_v<std::remove_cvref_t<P>, AnyPolicy> && AssignmentPolicy<P>)
   AnyPolicy(P policy)  // NOLINT(google-explicit-constructor): a policy is an AnyPolicy
       : self_(std::make_unique<Model<P>>(std::move(policy))) {}
   AnyPolicy(const AnyPolicy& o) : self_(o.self_ ? o.self_->clone() : nullptr) {}

@@ -3,6 +3,7 @@
 /// @brief `LrSchedules`: each group's learning-rate schedule, applied at every `step()`
 ///        call (skipped steps included), all validated before any is applied.
 
+#include "dos/error.hpp"
 #include "dos/optim/adam.hpp"
 #include "dos/optim/schedule.hpp"
 
@@ -23,7 +24,11 @@ class LrSchedules {
   /// @brief `step()` calls so far: the index the schedules see next.
   std::int64_t calls() const noexcept { return calls_; }
   /// @brief Sets the index the schedules see next, for resuming.
-  void set_calls(std::int64_t calls) noexcept { calls_ = calls; }
+  /// @throws std::invalid_argument for a negative index.
+  void set_calls(std::int64_t calls) {
+    if (calls < 0) throw_invalid_argument("schedule index must be >= 0, got {}", calls);
+    calls_ = calls;
+  }
 
   /// @brief Checks every scheduled learning rate of this call against its group.
   /// @throws std::invalid_argument for an invalid scheduled value; nothing changes then.

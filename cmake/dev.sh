@@ -8,7 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # libtorch-dev: the torch adapter's tests and train_gpt (skipped where absent).
-packages=(cmake make g++ libfmt-dev doctest-dev libbenchmark-dev libtorch-dev)
+# python3-*: the Python package (dos.torch) and its tests against Debian's torch 1.13.
+packages=(cmake make g++ libfmt-dev doctest-dev libbenchmark-dev libtorch-dev
+          python3-venv python3-dev python3-torch ninja-build)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -20,6 +22,18 @@ if ((${#missing[@]})); then
 fi
 
 jobs=$(nproc)
+
+# build/venv: Debian's python3 with its site packages (torch 1.13) visible, plus the
+# build tools and pytest from PyPI (installed once), and dos built from this checkout
+# (incrementally, in build/python). Never touches the system Python.
+python_env() {
+  local venv=build/venv
+  export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore CMAKE_BUILD_PARALLEL_LEVEL="$jobs"
+  [[ -x $venv/bin/python ]] || /usr/bin/python3 -m venv --system-site-packages "$venv"
+  "$venv/bin/python" -c "import scikit_build_core, nanobind, pytest" 2>/dev/null ||
+    "$venv/bin/pip" install -q "scikit-build-core>=0.10" "nanobind>=2.0" pytest
+  "$venv/bin/pip" install -q --no-build-isolation .
+}
 case "${1:-}" in
   quickstart)
     cmake --preset release >/dev/null
@@ -27,7 +41,8 @@ case "${1:-}" in
     build/release/examples/quickstart
     ;;
   test)
-    cmake --preset release
+    python_env
+    cmake --preset release -DDOS_PYTHON_TESTS="$PWD/build/venv/bin/python"
     cmake --build --preset release -j "$jobs"
     ctest --preset release
     cmake --preset asan

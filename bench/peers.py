@@ -138,7 +138,7 @@ def run(n, threads, workload, blocks, steps, tensors):
             c.times.append(total / steps)
 
     dos_c = cs[0]
-    print(f"\n{n / 1e6:.0f}M params in {tensors} tensors, {threads} thread(s), workload {workload}, "
+    print(f"\n{n / 2**20:g}Mi params in {tensors} tensors, {threads} thread(s), workload {workload}, "
           f"{blocks} blocks x {steps} steps (torch {torch.__version__})")
     for c in cs:
         ratios = [t / d for t, d in zip(c.times, dos_c.times)]

@@ -24,6 +24,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -87,6 +88,11 @@ ConstTensorView grad_view(const RawView& r) {
 // policy's parameter: k for fixed_stride, the largest k for automatic_stride, the
 // resident share for static_fraction. Adapt here when the C++ policy type changes.
 Policy to_policy(std::string_view name, std::optional<double> arg) {
+  const auto whole = [&](double x) {  // checked before the cast: a float out of range is UB to convert
+    if (!(x >= 1 && x <= 1e6 && x == std::floor(x)))
+      throw_invalid_argument("policy {} needs a whole number in [1, 1e6], got {}", name, x);
+    return static_cast<std::uint32_t>(x);
+  };
   Policy p;
   if (name == "all_cpu") {
     p.kind = PolicyKind::all_cpu;
@@ -95,18 +101,16 @@ Policy to_policy(std::string_view name, std::optional<double> arg) {
     if (arg) p.fraction = *arg;
   } else if (name == "fixed_stride") {
     p.kind = PolicyKind::fixed_stride;
-    if (arg) p.stride = static_cast<std::uint32_t>(*arg);
+    if (arg) p.stride = whole(*arg);
   } else if (name == "automatic_stride") {
     p.kind = PolicyKind::automatic_stride;
-    if (arg) p.max_stride = static_cast<std::uint32_t>(*arg);
+    if (arg) p.max_stride = whole(*arg);
   } else if (name == "balanced") {
     p.kind = PolicyKind::balanced;
   } else {
     throw_invalid_argument("unknown policy '{}' (all_cpu, static_fraction, fixed_stride, automatic_stride, balanced)",
                            name);
   }
-  if (arg && (name == "fixed_stride" || name == "automatic_stride") && !(*arg >= 1 && *arg == static_cast<double>(static_cast<std::uint32_t>(*arg))))
-    throw_invalid_argument("policy {} needs a whole number >= 1, got {}", name, *arg);
   return p;
 }
 

@@ -84,6 +84,12 @@ class _DosAdamBase(Optimizer):
             raise ValueError("dos: backend 'cuda' is not available: this build of dos found no CUDA toolkit "
                              "(reinstall with nvcc on PATH), use 'cpu' or 'emulated'")
         o.backend = backend
+        for name, value, least in (("threads", threads, 0), ("subgroup_elements", subgroup_elements, 1),
+                                   ("staging_budget", staging_budget, 0)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"dos: {name} must be an int, got {value!r}")
+            if value < least:
+                raise ValueError(f"dos: {name} must be >= {least}, got {value}")
         o.threads = int(threads)
         o.subgroup_elements = int(subgroup_elements)
         o.max_grad_norm = float(max_grad_norm)

@@ -381,6 +381,18 @@ def test_bad_hyperparameters_raise_valueerror_with_doss_message():
         dos.torch.AdamW(p, backend="tpu")
     with pytest.raises(ValueError, match="unknown policy"):
         dos.torch.AdamW(p, backend="emulated", policy="random")
+    with pytest.raises(ValueError, match="fixed_stride needs a whole number"):
+        dos.torch.AdamW(p, backend="emulated", policy="fixed_stride:0")
+    with pytest.raises(ValueError, match="automatic_stride needs a whole number"):
+        dos.torch.AdamW(p, backend="emulated", policy="automatic_stride:1.5")
+    with pytest.raises(ValueError, match="policy fraction must be in"):
+        dos.torch.AdamW(p, backend="emulated", policy="static_fraction:2")
+    with pytest.raises(ValueError, match="threads must be >= 0"):
+        dos.torch.AdamW(p, threads=-1)
+    with pytest.raises(ValueError, match="subgroup_elements must be >= 1"):
+        dos.torch.AdamW(p, subgroup_elements=0)
+    with pytest.raises(TypeError, match="threads must be an int"):
+        dos.torch.AdamW(p, threads=2.5)
     with pytest.raises(ValueError, match="max_grad_norm"):
         dos.torch.AdamW(p, max_grad_norm=-1)
     with pytest.raises(ValueError, match="power of two"):

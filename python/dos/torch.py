@@ -200,7 +200,8 @@ class _DosAdamBase(Optimizer):
                 # torch < 2.1: a post-hook on the parameter's AccumulateGrad node, which
                 # runs once the gradient is accumulated into .grad. The node is cached
                 # weakly by torch: keep it, or it is rebuilt without the hook.
-                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                with torch.enable_grad():  # the optimizer may be built under no_grad()
+                    acc = p.expand_as(p).grad_fn.next_functions[0][0]
                 self._hooks.append(acc.register_hook(lambda grad_in, grad_out, i=i, p=p: report(i, p)))
                 self._grad_accs.append(acc)
 

@@ -285,6 +285,14 @@ def test_statistics_are_taken_during_backward():
     assert at_step[0] == pytest.approx(2 * plain[0], rel=1e-6)
 
 
+def test_hooks_registered_under_no_grad_still_fire():
+    model = make_model()
+    with torch.no_grad():
+        opt = dos.torch.AdamW(model.parameters(), max_grad_norm=1.0)
+    loss_of(model, 0).backward()
+    assert opt._ready_calls == len(list(model.parameters()))
+
+
 def test_hooks_are_on_by_default_only_when_they_pay():
     model = make_model()
     assert not dos.torch.AdamW(model.parameters())._use_hooks

@@ -158,11 +158,19 @@ class _DosAdamBase(Optimizer):
         if not p.is_contiguous():
             raise ValueError(f"dos: {self._name(i)} is not contiguous; dos updates flat storage")
 
+    def _check_trainable(self, i, p):
+        # torch would skip a frozen parameter at every step (no gradient); dos updates
+        # every parameter it holds (one step count for all), so say so now, not at step().
+        if not p.requires_grad:
+            raise ValueError(f"dos: {self._name(i)} does not require grad (frozen?); dos updates every parameter it "
+                             "is given at every step, so leave frozen parameters out of the optimizer")
+
     def _build(self):
         self._flat = self._params()
         self._where = [(g, j) for g, group in enumerate(self.param_groups) for j in range(len(group["params"]))]
         for i, p in enumerate(self._flat):
             self._check_param(i, p)
+            self._check_trainable(i, p)
         configs = [self._check_config(g, k) for k, g in enumerate(self.param_groups)]
         engine = _core.Optimizer([_raw(p.detach()) for p in self._flat],
                                  [len(g["params"]) for g in self.param_groups], configs, self._options)

@@ -420,6 +420,10 @@ def test_bad_parameters_raise():
         dos.torch.AdamW([torch.nn.Parameter(torch.zeros(4, 3).t())])
     with pytest.raises(ValueError, match="empty"):
         dos.torch.AdamW([{"params": []}])
+    frozen = make_model()
+    frozen[0].weight.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"dos: parameter 0 \(group 0, index 0, shape \(24, 12\)\) does not require"):
+        dos.torch.AdamW(frozen.parameters())
 
 
 def snapshot(model, opt):

@@ -10,10 +10,11 @@ cd "$(dirname "$0")/.."
 # libtorch-dev: the torch adapter's tests and train_gpt (skipped where absent).
 # doxygen and python3: the documentation and layering checks.
 # clang: the stand-alone header tests compile with g++ and clang++. pkg-config: dos.pc
-# is checked. ninja-build: vcpkg's portfiles build with it. python3-venv: Conan, below.
-# nlohmann-json3-dev: checkpoints. python3-torch: the checkpoint tool's test.
+# is checked. ninja-build: vcpkg's portfiles build with it. python3-venv: the venv below.
+# nlohmann-json3-dev: checkpoints. python3-torch, python3-dev: the checkpoint tool's test
+# and the Python package (dos.torch), tested against Debian's torch 1.13.
 packages=(cmake make g++ libfmt-dev doctest-dev libbenchmark-dev libtorch-dev doxygen python3 clang pkg-config
-          ninja-build python3-venv nlohmann-json3-dev python3-torch)
+          ninja-build python3-venv python3-dev nlohmann-json3-dev python3-torch)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -24,18 +25,21 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# Conan 2 from PyPI, for the conan_create test, in a virtual environment of its own
-# (never the system Python); build/venv is what tests/packaging looks for.
-install_conan() {
-  local venv=build/venv
-  if [[ ! -x $venv/bin/conan ]]; then
-    echo "dos: installing Conan 2 into $venv"
-    /usr/bin/python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check "conan>=2.0,<3"
-  fi
-}
-
 jobs=$(nproc)
+
+# build/venv: Debian's python3 with its site packages (torch 1.13) visible, plus Conan
+# (the conan_create test), the Python package's build tools and pytest from PyPI
+# (installed once), and dos built from this checkout (incrementally, in build/python).
+# Never touches the system Python. The tests build the extension without the CUDA
+# backend (no GPU here; nvcc would add minutes); a plain `pip install .` includes it.
+python_env() {
+  local venv=build/venv
+  export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore CMAKE_BUILD_PARALLEL_LEVEL="$jobs"
+  [[ -x $venv/bin/python ]] || /usr/bin/python3 -m venv --system-site-packages "$venv"
+  "$venv/bin/python" -c "import scikit_build_core, nanobind, pytest, conans" 2>/dev/null ||
+    "$venv/bin/pip" install -q "scikit-build-core>=0.10" "nanobind>=2.0" pytest "conan>=2.0,<3"
+  "$venv/bin/pip" install -q --no-build-isolation --config-settings=cmake.define.DOS_WITH_CUDA=OFF .
+}
 case "${1:-}" in
   quickstart)
     cmake --preset release >/dev/null
@@ -43,8 +47,8 @@ case "${1:-}" in
     build/release/examples/quickstart
     ;;
   test)
-    install_conan
-    cmake --preset release
+    python_env
+    cmake --preset release -DDOS_PYTHON_TESTS="$PWD/build/venv/bin/python"
     cmake --build --preset release -j "$jobs"
     ctest --preset release
     cmake --preset asan

@@ -141,6 +141,7 @@ inline DType parse_dtype(std::string_view s, std::string_view file, std::string_
 }  // namespace detail
 
 /// @brief Parses and checks `index.json` text.
+/// @param text the file's contents.
 /// @param file named in every error message.
 /// @throws std::runtime_error for invalid JSON, a foreign or newer format, a missing
 ///         or mistyped field, or inconsistent groups, params or ranks.

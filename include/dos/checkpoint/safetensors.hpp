@@ -75,8 +75,9 @@ inline std::optional<std::uint64_t> checked_mul(std::uint64_t a, std::uint64_t b
 }
 }  // namespace detail
 
-/// @brief Parses and checks the header of a safetensors file of @p file_size bytes
-///        whose first bytes are @p head (at least the 8-byte length and the JSON).
+/// @brief Parses and checks the header of a safetensors file.
+/// @param head the file's first bytes (at least the 8-byte length and the JSON).
+/// @param file_size the file's size in bytes, which every offset must fit.
 /// @param file named in every error message.
 /// @throws std::runtime_error naming the file (and the tensor, where one is at fault)
 ///         for: a length past the file or the limit, invalid JSON, a non-object, a

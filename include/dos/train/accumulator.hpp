@@ -7,6 +7,7 @@
 #include "dos/cpu/executor.hpp"
 #include "dos/error.hpp"
 #include "dos/memory/host_resource.hpp"
+#include "dos/partition/subgroup.hpp"
 #include "dos/state/param_table.hpp"
 
 #include <algorithm>

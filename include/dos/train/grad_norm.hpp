@@ -10,6 +10,7 @@
 #include "dos/core/tensor.hpp"
 #include "dos/cpu/cpu_adam.hpp"
 #include "dos/cpu/executor.hpp"
+#include "dos/partition/subgroup.hpp"
 #include "dos/state/param_table.hpp"
 
 #include <algorithm>

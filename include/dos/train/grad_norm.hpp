@@ -74,7 +74,16 @@ class GradNorm {
   template <cpu::CpuExecutor E, class Store, class DeviceStats>
   GradSummary gather(bool reuse, E& cpu, const Store& store, const ParamTable& params, DeviceStats&& device_stats) {
     if (!reuse || ready_count_ < params.size()) {
-      cpu.grad_stats(store.chunks(), store.work(), chunk_);
+      // Host parameters' chunks only: a device parameter's segments read the pinned
+      // mirror, which early gradient fetches may be writing right now.
+      const auto chunks = store.chunks();
+      const auto work = store.work();
+      cpu.parallel_for(chunks.size(), [&](std::size_t i) {
+        const cpu::Chunk& c = chunks[i];
+        chunk_[i] = params.on_device(store.segments()[c.segment].segment->tensor)
+                        ? GradStats{}
+                        : cpu::grad_stats(work[c.segment].args.grad, work[c.segment].grad, c.begin, c.end);
+      });
       for (std::size_t p = 0; p < params.size(); ++p) {
         if (reuse && ready_[p] != 0) continue;
         if (params.on_device(p)) {

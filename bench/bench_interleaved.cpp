@@ -8,12 +8,15 @@
 // Counters: measured_s (the update, as the executor timed it), predicted_s (the
 // cost model's prediction for the same plan, with what it learned from earlier
 // steps), first_order_s (the first-order part alone, from the refined rates),
-// k (the executed stride, averaged).
+// k (the executed stride, averaged), explored (the share of steps that explored).
+// Every policy first runs kWarmSteps unmeasured steps, in which the automatic ones settle.
 // Run: build/release/bench/bench_interleaved --benchmark_min_time=1
 // and: /usr/bin/python3 bench/interleaved_report.py build/release/bench/bench_interleaved
 
 #include <benchmark/benchmark.h>
 #include <dos/optimizer.hpp>
+
+#include "support/emulated_machine.hpp"
 
 #include <fmt/core.h>
 
@@ -26,6 +29,7 @@ namespace {
 
 constexpr std::size_t kElements = 16u << 20;
 constexpr std::size_t kSubgroup = 1u << 20;
+constexpr int kWarmSteps = 40;
 
 // The link runs at this fraction of the CPU's Adam rate, in parameters per second
 // (12 B/param each way). The paper's H100 node had R_g / R_c close to 1; the emulated
@@ -36,29 +40,8 @@ double link_ratio() {
   return 0.6;
 }
 
-struct Machine {
-  dos::EmulatedDeviceConfig device;
-  dos::HardwareProfile profile;
-};
-
-// Measured once: the CPU rate on one thread sets the throttles, then the throttled
-// device is calibrated as the optimizer would do it.
-const Machine& machine() {
-  static const Machine m = [] {
-    Machine out;
-    dos::cpu::CpuAdamExecutor cpu({.threads = 1});
-    dos::EmulatedDeviceBackend probe({.threads = 1});
-    const dos::HardwareProfile free = dos::calibrate(probe, cpu);
-    // An emulated copy takes its throttled time plus the memcpy itself, so the
-    // throttle is set for the sum to give the target link rate.
-    const double target = 12 * free.cpu_rate * link_ratio();
-    const double memcpy_rate = std::min(free.h2d_bandwidth, free.d2h_bandwidth);
-    out.device.h2d_bandwidth = out.device.d2h_bandwidth =
-        target < memcpy_rate ? 1 / (1 / target - 1 / memcpy_rate) : 0;
-    dos::EmulatedDeviceBackend throttled({.threads = 1}, out.device);
-    out.profile = dos::calibrate(throttled, cpu);
-    return out;
-  }();
+const dos::bench::Machine& machine() {
+  static const dos::bench::Machine m = dos::bench::emulated_machine(link_ratio());
   return m;
 }
 
@@ -71,8 +54,10 @@ void BM_Interleaved(benchmark::State& state, dos::AnyPolicy policy) {
   o.interleave.policy = policy;
   o.interleave.profile = machine().profile;
   dos::InterleavedOptimizer<dos::EmulatedDeviceBackend> opt(params, dos::AdamW{}, o, machine().device);
-  for (int warm = 0; warm < 3; ++warm) opt.step();  // first touch, and the model refines
-  double measured = 0, predicted = 0, first_order = 0, stride = 0;
+  // First touch, the model refines, and the automatic policies settle (they explore
+  // their candidates first: bench_automatic reports how long that takes).
+  for (int warm = 0; warm < kWarmSteps; ++warm) opt.step();
+  double measured = 0, predicted = 0, first_order = 0, stride = 0, explored = 0;
   for (auto _ : state) {
     const dos::StepReport r = opt.step();
     measured += r.update_seconds;
@@ -80,6 +65,7 @@ void BM_Interleaved(benchmark::State& state, dos::AnyPolicy policy) {
     // What the model predicted before any residual it learned from measured steps.
     first_order += opt.cost_model().first_order(opt.timeline().plan);
     stride += r.stride;
+    explored += r.explored ? 1 : 0;
     state.SetIterationTime(r.update_seconds);
   }
   const auto n = static_cast<double>(state.iterations());
@@ -87,6 +73,7 @@ void BM_Interleaved(benchmark::State& state, dos::AnyPolicy policy) {
   state.counters["predicted_s"] = predicted / n;
   state.counters["first_order_s"] = first_order / n;
   state.counters["k"] = stride / n;
+  state.counters["explored"] = explored / n;  // share of the measured steps that explored
   state.counters["device_subgroups"] = static_cast<double>(opt.timeline().plan.device_subgroups());
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(kElements));
   state.SetLabel(dos::summary(opt.timeline()));
@@ -112,7 +99,7 @@ int main(int argc, char** argv) {
   register_all();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  const Machine& m = machine();
+  const dos::bench::Machine& m = machine();
   fmt::print(stderr,
              "calibrated: cpu {:.0f}M params/s (1 thread), link {:.2f} GB/s each way (throttle {:.2f}), device {:.0f}M "
              "params/s, duplex {}\n",

@@ -54,6 +54,15 @@ int main(int argc, char** argv) {
     fmt::print("{:>8} | {:>14.3f} | {:>22.1f} | {:>18}\n", p.stride == 0 ? std::string("CPU only") : fmt::format("k={}", p.stride),
                p.seconds, node, paper(p.stride));
   }
+  // The automatic policy, with the model standing in for the measurements, must settle
+  // on exactly the best of these candidates.
+  const auto settled = dos::simulate_policy(model, shapes, dos::AutomaticStride{10},
+                                            {.budget = 2 * shapes.front().slot_bytes, .max_slots = 2}, 0);
+  fmt::print("automatic_stride settles on k={}\n", settled.stride);
+  if (settled.stride != best_k) {
+    fmt::print("automatic_stride did not settle on the best predicted k={}\n", best_k);
+    return 1;
+  }
   const double cpu = curve.front().params_per_second * ranks / 1e9;
   fmt::print("best predicted: k={} at {:.1f} B params/s, {:.2f}x CPU only; bound N/(R_c+R_g) = {:.1f} B params/s\n",
              best_k, best, best / cpu, ranks * (h100.cpu_rate + h100.device_path_rate()) / 1e9);

@@ -150,6 +150,7 @@ nb::dict to_dict(const StepReport& r) {
   d["predicted_seconds"] = r.predicted_seconds;
   d["update_seconds"] = r.update_seconds;
   d["fallback"] = std::string(r.fallback);
+  d["explored"] = r.explored;
   return d;
 }
 

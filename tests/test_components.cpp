@@ -43,9 +43,12 @@ struct FixedRates {
 };
 static_assert(CostModel<FixedRates>);
 
-// A user policy: the last subgroup on the device, and a count of the steps it saw.
+// A user policy: the last subgroup on the device, and a count of the steps it saw;
+// it keeps records (room made in reserve) and calls every other step an exploration.
 struct LastOnDevice {
   int* observed = nullptr;
+  std::size_t* reserved = nullptr;
+  int calls = 0;
   std::string_view name() const { return "last_on_device"; }
   void validate() const {}
   void residency(const ResidencyRequest& r, std::vector<Place>& out) const { out.assign(r.shapes.size(), Place::cpu); }
@@ -53,8 +56,10 @@ struct LastOnDevice {
     r.assignment.assign(r.residency.begin(), r.residency.end());
     r.assignment.back() = Place::device;
     make_plan(plan, r.shapes, r.assignment, r.limits);
+    plan.explored = calls++ % 2 == 1;
     return r.predict(plan);
   }
+  void reserve(std::size_t subgroups) { *reserved = subgroups; }
   void observe(const StepTimeline&) { ++*observed; }
 };
 static_assert(AssignmentPolicy<LastOnDevice>);
@@ -123,10 +128,14 @@ TEST_CASE("a user policy and a user device backend run the interleaved engine, b
   MixedModel ref_model(specs, two_groups, true), user_model(specs, two_groups);
   CpuOptimizer reference(ref_model.groups(), Options{.subgroup_elements = 256, .threads = 1});
   int observed = 0;
-  Options o = test::device_options(LastOnDevice{&observed}, 256);
+  std::size_t reserved = 0;
+  Options o = test::device_options(LastOnDevice{&observed, &reserved}, 256);
   InterleavedOptimizer<Wrapped, UserParts> user(user_model.groups(), o);
+  CHECK(reserved == 6);  // at construction, one subgroup per tensor
   same_trajectory(reference, ref_model, user, user_model, 10);
   CHECK(observed == 10);
+  const bool first = user.step().explored, second = user.step().explored;
+  CHECK(first != second);  // the report says what the policy said of its plan
   CHECK(user.backend().launches >= 10);
   CHECK(user.policy().name() == "last_on_device");
   CHECK(user.timeline().plan.placement.back() == Place::device);

@@ -11,6 +11,7 @@
 #include <dos/schedule/any_policy.hpp>
 #include <dos/schedule/cost_model.hpp>
 #include <dos/schedule/policy.hpp>
+#include <dos/schedule/simulate.hpp>
 
 #include <array>
 #include <cmath>
@@ -144,7 +145,7 @@ TEST_CASE("refinement divides by the time a shared link was busy, not by the sum
   CHECK(m.profile().h2d_bandwidth == doctest::Approx(1e9));
 }
 
-TEST_CASE("the automatic stride is the best predicted k, or all-CPU") {
+TEST_CASE("where the model is the truth (simulation), the automatic stride settles on the best predicted k, or all-CPU") {
   test::Rng rng(9);
   for (int trial = 0; trial < 50; ++trial) {
     HardwareProfile p = profile;
@@ -154,22 +155,53 @@ TEST_CASE("the automatic stride is the best predicted k, or all-CPU") {
     const auto shapes = uniform(1 + rng.below(30), 1'000'000);
     double best = predict_stride(m, shapes, 0);
     for (std::uint32_t k = 1; k <= 8; ++k) best = std::min(best, predict_stride(m, shapes, k));
-    Plan plan, scratch;
-    std::vector<Place> a, resident(shapes.size(), Place::cpu);
-    const double chosen = choose_plan(plan, scratch, a, shapes, resident, AutomaticStride{},
-                                      {.budget = ~std::size_t{0}, .max_slots = 2}, m);
-    CHECK(chosen == doctest::Approx(best));
-    CHECK(m.predict(plan) == doctest::Approx(chosen));
+    const auto chosen = simulate_policy(m, shapes, AutomaticStride{}, {.budget = ~std::size_t{0}, .max_slots = 2}, 0);
+    CHECK(chosen.seconds == best);
+    CHECK(predict_stride(m, shapes, chosen.stride) == chosen.seconds);
   }
+}
+
+TEST_CASE("in simulation, the automatic policies settle on exactly the best candidate: the paper's node and sweeps") {
+  // One rank of the paper's 4xH100 node (examples/simulate.cpp), at several model sizes
+  // and link speeds; subgroups of 100M parameters, two staging slots.
+  for (const double link : {5e9, 10e9, 20e9, 40e9, 80e9})
+    for (const double params : {2e9, 7e9, 20e9, 70e9}) {
+      const HardwareProfile node{.cpu_rate = 8.6e9 / 4, .device_rate = 3.0e12 / 16, .h2d_bandwidth = link,
+                                 .d2h_bandwidth = link, .duplex = true, .host_bandwidth = 0};
+      const FirstOrderCostModel m(node);
+      const auto shapes = uniform_shapes(static_cast<std::size_t>(params / 4), 100'000'000);
+      const PlanLimits limits{.budget = 2 * shapes.front().slot_bytes, .max_slots = 2};
+      const auto curve = simulate_strides(m, shapes, 10, limits);
+      const auto best = std::min_element(curve.begin(), curve.end(),
+                                         [](const auto& a, const auto& b) { return a.seconds < b.seconds; });
+      CAPTURE(link);
+      CAPTURE(params);
+      const auto automatic = simulate_policy(m, shapes, AutomaticStride{10}, limits, 0);
+      CHECK(automatic.stride == best->stride);
+      CHECK(automatic.seconds == best->seconds);
+      // With device memory for residents: the stride over the others is the best one
+      // for the residency chosen at construction.
+      for (const double gb : {20e9, 40e9, 80e9}) {
+        const auto combined = simulate_policy(m, shapes, ResidentThenStride{10}, limits, static_cast<std::size_t>(gb));
+        std::vector<Place> residents, a;
+        resident_prefix(residents, shapes.size(), combined.resident);
+        double best_over_residents = 1e300;
+        for (std::uint32_t k = 0; k <= 10; ++k) {
+          stride_assignment(a, residents, k);
+          Plan p;
+          make_plan(p, shapes, a, limits, k);
+          if (p.fallback.empty()) best_over_residents = std::min(best_over_residents, m.predict(p));
+        }
+        CAPTURE(gb);
+        CHECK(combined.seconds == best_over_residents);
+      }
+    }
 }
 
 TEST_CASE("with CPU and device path equally fast, the automatic stride is 2 (k = 1 + R_c / R_g)") {
   const FirstOrderCostModel m(profile);  // R_c = 1e9, R_g = 12e9 / 12 = 1e9
   const auto shapes = uniform(64, 1'000'000);
-  Plan plan, scratch;
-  std::vector<Place> a, resident(shapes.size(), Place::cpu);
-  choose_plan(plan, scratch, a, shapes, resident, AutomaticStride{}, {.budget = ~std::size_t{0}, .max_slots = 2}, m);
-  CHECK(plan.stride == 2);
+  CHECK(simulate_policy(m, shapes, AutomaticStride{}, {.budget = ~std::size_t{0}, .max_slots = 2}, 0).stride == 2);
 }
 
 TEST_CASE("balanced assignment evens out uneven subgroups") {

@@ -47,7 +47,7 @@ TEST_CASE("overlap fraction: transfer time hidden behind CPU updates") {
   CHECK(bytes_moved(t.plan) == 1500);
 }
 
-TEST_CASE("summary names the step, time, policy, k, bytes and overlap") {
+TEST_CASE("summary names the step, time, policy, k, bytes, overlap and an exploring step") {
   StepTimeline t = two_lanes();
   const std::string s = summary(t);
   CHECK(s.find("step 7") == 0);
@@ -55,6 +55,9 @@ TEST_CASE("summary names the step, time, policy, k, bytes and overlap") {
   CHECK(s.find("fixed_stride k=2") != std::string::npos);
   CHECK(s.find("1/2 subgroups on the device") != std::string::npos);
   CHECK(s.find("25% of transfers overlapped") != std::string::npos);
+  CHECK(s.find("explored") == std::string::npos);
+  t.plan.explored = true;
+  CHECK(summary(t).find("; explored") != std::string::npos);
   t.plan.fallback = "the staging budget is smaller than one subgroup's staging slot";
   CHECK(summary(t).find("fell back to the CPU: the staging budget") != std::string::npos);
 }

@@ -86,6 +86,7 @@ class DeviceEngine {
     step_budget_ = budget;
     executor_.emplace(b_, 3 * n + 1, slots_for(streamable, streamable_slot), streamable_slot);
     if constexpr (requires { model_->reserve(n); }) model_->reserve(n);
+    policy_.reserve(n);
   }
 
   /// @brief Whether the device takes part (false: every step runs on the CPU).
@@ -164,6 +165,7 @@ class DeviceEngine {
     report.predicted_seconds = t.predicted_seconds;
     report.update_seconds = t.measured_seconds;
     report.fallback = t.plan.fallback;
+    report.explored = t.plan.explored;
     report.early_fetch_bytes = early_fetch_bytes_;
   }
 
@@ -198,6 +200,7 @@ class DeviceEngine {
                                "residency cannot change after construction", p.name(), policy_.name());
     }
     policy_ = p;
+    policy_.reserve(shapes_.size());
   }
   const AnyPolicy& policy() const noexcept { return policy_; }
   void set_staging_budget(std::size_t bytes) noexcept { step_budget_ = bytes; }

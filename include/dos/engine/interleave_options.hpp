@@ -40,6 +40,7 @@ struct UpdateReport {
   double predicted_seconds = 0;      ///< the cost model's prediction for the plan
   double update_seconds = 0;         ///< measured time of the plan's execution
   std::string_view fallback;         ///< why the step fell back to the CPU, if it did
+  bool explored = false;             ///< the policy ran this plan to measure it, not as its best
   std::size_t early_fetch_bytes = 0; ///< device gradients copied to the host during backward (grad_ready)
 };
 

@@ -8,6 +8,7 @@
 #include "dos/schedule/policy.hpp"
 #include "dos/schedule/timeline.hpp"
 
+#include <cstddef>
 #include <memory>
 #include <string_view>
 #include <type_traits>
@@ -46,6 +47,9 @@ class AnyPolicy {
   void validate() const { self_->validate(); }
   void residency(const ResidencyRequest& r, std::vector<Place>& out) const { self_->residency(r, out); }
   double choose(const PlanRequest& r, Plan& plan) { return self_->choose(r, plan); }
+  /// @brief Lets the held policy make room for @p subgroups, if it keeps per-step
+  ///        records, so that choosing never allocates.
+  void reserve(std::size_t subgroups) { self_->reserve(subgroups); }
   /// @brief Shows the held policy a step that ran, if it wants to see it.
   void observe(const StepTimeline& t) { self_->observe(t); }
 
@@ -64,6 +68,7 @@ class AnyPolicy {
     virtual void validate() const = 0;
     virtual void residency(const ResidencyRequest& r, std::vector<Place>& out) const = 0;
     virtual double choose(const PlanRequest& r, Plan& plan) = 0;
+    virtual void reserve(std::size_t subgroups) = 0;
     virtual void observe(const StepTimeline& t) = 0;
   };
   template <class P>
@@ -74,6 +79,9 @@ class AnyPolicy {
     void validate() const override { policy.validate(); }
     void residency(const ResidencyRequest& r, std::vector<Place>& out) const override { policy.residency(r, out); }
     double choose(const PlanRequest& r, Plan& plan) override { return policy.choose(r, plan); }
+    void reserve(std::size_t subgroups) override {
+      if constexpr (requires { policy.reserve(subgroups); }) policy.reserve(subgroups);
+    }
     void observe(const StepTimeline& t) override {
       if constexpr (requires { policy.observe(t); }) policy.observe(t);
     }

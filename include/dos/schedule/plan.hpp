@@ -112,6 +112,7 @@ struct Plan {
   std::size_t budget = 0;          ///< staging bytes the plan may use
   std::uint32_t stride = 0;        ///< k, when the assignment is a stride; 0 otherwise
   std::string_view fallback;       ///< why the step fell back to the CPU; empty if it did not
+  bool explored = false;           ///< the policy ran this plan to measure it, not as its best
   /// Planner workspace, kept so that re-planning every step allocates nothing.
   std::array<std::vector<std::uint32_t>, 2> workspace;
 

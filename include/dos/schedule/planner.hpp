@@ -64,6 +64,7 @@ inline void make_plan(Plan& plan, std::span<const SubgroupShape> shapes, std::sp
   plan.stride = stride;
   plan.budget = limits.budget;
   plan.fallback = {};
+  plan.explored = false;
   plan.slot_bytes = 0;
   plan.slots = 0;
 

@@ -6,15 +6,19 @@
 ///  - `StaticFraction`: a fixed share stays resident on the device (TwinFlow); the rest
 ///    runs on the CPU;
 ///  - `FixedStride`: every k-th subgroup streamed through the device;
-///  - `AutomaticStride` (the default): the stride, or no streaming, with the shortest
-///    predicted update, chosen again every step from the refined model;
+///  - `AutomaticStride` (the default): the stride, or no streaming, that measured
+///    fastest, exploring the others at a bounded cost (`StrideExplorer`);
 ///  - `Balanced`: streamed subgroups chosen by size, longest first (uneven subgroups);
 ///  - `ResidentThenStride`: as many resident subgroups as the device memory left after
-///    staging holds and the model finds worth it, the rest streamed at the best stride.
+///    staging holds and the model finds worth it, the rest streamed at the stride that
+///    measured fastest.
 
 #include "dos/error.hpp"
+#include "dos/schedule/explorer.hpp"
 #include "dos/schedule/policy.hpp"
+#include "dos/schedule/timeline.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string_view>
@@ -26,6 +30,10 @@ namespace detail {
 inline void no_residents(const ResidencyRequest& r, std::vector<Place>& out) { out.assign(r.shapes.size(), Place::cpu); }
 inline void check_max_stride(std::uint32_t max_stride) {
   if (max_stride < 1) throw_invalid_argument("policy max_stride must be >= 1, got {}", max_stride);
+}
+// The largest stride worth a record: one past the subgroups streams what the last does.
+inline std::uint32_t candidates(std::uint32_t max_stride, std::size_t subgroups) {
+  return static_cast<std::uint32_t>(std::min<std::size_t>(max_stride, subgroups));
 }
 }  // namespace detail
 
@@ -65,17 +73,27 @@ struct FixedStride {
   double choose(const PlanRequest& r, Plan& plan) const { return detail::stride_plan(r, r.residency, plan, stride); }
 };
 
-/// @brief The stride in 1..max_stride, or no streaming, with the shortest predicted
-///        update, chosen again every step.
+/// @brief The stride in 1..max_stride, or no streaming, that measured fastest: every
+///        candidate the model finds worth trying is run and timed, the fastest is kept,
+///        and the others are re-checked now and then (`StrideExplorer`). No streaming
+///        is always a candidate, so the choice never settles on a plan slower than the
+///        all-CPU update it measured.
 struct AutomaticStride {
   std::uint32_t max_stride = 8;  ///< the largest k tried, >= 1
+  ExploreSettings explore{};     ///< how often, and what, it explores
+  StrideExplorer explorer{};     ///< what it has measured (its memory; read it, do not set it)
 
   std::string_view name() const noexcept { return "automatic_stride"; }
-  void validate() const { detail::check_max_stride(max_stride); }
-  void residency(const ResidencyRequest& r, std::vector<Place>& out) const { detail::no_residents(r, out); }
-  double choose(const PlanRequest& r, Plan& plan) const {
-    return detail::best_stride(r, r.residency, max_stride, plan, r.scratch);
+  void validate() const {
+    detail::check_max_stride(max_stride);
+    explore.validate();
   }
+  void residency(const ResidencyRequest& r, std::vector<Place>& out) const { detail::no_residents(r, out); }
+  void reserve(std::size_t subgroups) { explorer.reserve(detail::candidates(max_stride, subgroups)); }
+  double choose(const PlanRequest& r, Plan& plan) {
+    return explorer.choose(r, r.residency, max_stride, plan, r.scratch, explore);
+  }
+  void observe(const StepTimeline& t) { explorer.observe(t); }
 };
 
 /// @brief Streamed subgroups chosen longest first, to balance the predicted CPU and
@@ -102,10 +120,14 @@ struct Balanced {
 /// prediction is never worse than either.
 struct ResidentThenStride {
   std::uint32_t max_stride = 8;  ///< the largest k tried, >= 1
+  ExploreSettings explore{};     ///< how the stride over the other subgroups is explored
+  StrideExplorer explorer{};     ///< what it has measured (its memory; read it, do not set it)
 
   std::string_view name() const noexcept { return "resident_then_stride"; }
-  void validate() const { detail::check_max_stride(max_stride); }
-
+  void validate() const {
+    detail::check_max_stride(max_stride);
+    explore.validate();
+  }
   void residency(const ResidencyRequest& r, std::vector<Place>& out) const {
     const std::size_t n = r.shapes.size();
     std::size_t fit = 0;
@@ -137,9 +159,11 @@ struct ResidentThenStride {
     }
     resident_prefix(out, n, best);
   }
-  double choose(const PlanRequest& r, Plan& plan) const {
-    return detail::best_stride(r, r.residency, max_stride, plan, r.scratch);
+  void reserve(std::size_t subgroups) { explorer.reserve(detail::candidates(max_stride, subgroups)); }
+  double choose(const PlanRequest& r, Plan& plan) {
+    return explorer.choose(r, r.residency, max_stride, plan, r.scratch, explore);
   }
+  void observe(const StepTimeline& t) { explorer.observe(t); }
 };
 
 }  // namespace dos

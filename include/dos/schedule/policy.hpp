@@ -60,7 +60,9 @@ struct ResidencyRequest {
 /// resident subgroup's state lives on the device and never crosses the link);
 /// `choose(request, plan)`, which builds this step's plan into `plan` (keeping the
 /// residents resident) and returns its predicted seconds. Optional:
-/// `observe(timeline)`, called after every executed step with what was measured.
+/// `observe(timeline)`, called after every executed step with what was measured, and
+/// `reserve(subgroups)`, called at construction, so a policy that keeps records can
+/// make room for them there (a step allocates nothing).
 /// @code
 /// struct EveryThird {  // subgroups 0, 3, 6, ... streamed
 ///   std::string_view name() const { return "every_third"; }

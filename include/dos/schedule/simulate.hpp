@@ -9,6 +9,7 @@
 #include "dos/schedule/planner.hpp"
 #include "dos/schedule/any_policy.hpp"
 #include "dos/schedule/policy.hpp"
+#include "dos/schedule/timeline.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -78,19 +79,36 @@ struct PolicyPrediction {
 };
 
 /// @brief Predicted update of @p policy: residency chosen for @p device_bytes of device
-///        memory beyond the staging slots of @p limits, then one step's choice.
+///        memory beyond the staging slots of @p limits, then @p steps steps in which
+///        the model's prediction stands for the measurement (a policy that explores
+///        settles on what the model finds best). Returns the last step's choice that
+///        was not an exploration.
 template <CostModel Model = FirstOrderCostModel>
 PolicyPrediction simulate_policy(const Model& model, const std::vector<SubgroupShape>& shapes, AnyPolicy policy,
-                                 const PlanLimits& limits, std::size_t device_bytes) {
+                                 const PlanLimits& limits, std::size_t device_bytes, int steps = 64) {
   const auto predict = [&](const Plan& p) { return model.predict(p); };
-  Plan plan, scratch;
+  Plan scratch;
+  StepTimeline t;
   std::vector<Place> assignment, residency;
   policy.residency({shapes, device_bytes, limits, predict, scratch, assignment}, residency);
-  const double t = policy.choose({shapes, residency, limits, model.profile(), predict, scratch, assignment}, plan);
+  policy.reserve(shapes.size());
   double total = 0;
   for (const SubgroupShape& s : shapes) total += static_cast<double>(s.elements);
-  return {t, t > 0 ? total / t : 0, static_cast<std::size_t>(std::count(residency.begin(), residency.end(), Place::resident)),
-          plan.stride, plan.device_subgroups()};
+  PolicyPrediction out;
+  out.resident = static_cast<std::size_t>(std::count(residency.begin(), residency.end(), Place::resident));
+  for (int step = 0; step < steps; ++step) {
+    const double seconds = policy.choose({shapes, residency, limits, model.profile(), predict, scratch, assignment}, t.plan);
+    if (!t.plan.explored || step == 0) {
+      out.seconds = seconds;
+      out.params_per_second = seconds > 0 ? total / seconds : 0;
+      out.stride = t.plan.stride;
+      out.device_subgroups = t.plan.device_subgroups();
+    }
+    t.step = step;
+    t.predicted_seconds = t.measured_seconds = seconds;
+    policy.observe(t);
+  }
+  return out;
 }
 
 }  // namespace dos

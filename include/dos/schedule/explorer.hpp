@@ -1,0 +1,216 @@
+#pragma once
+/// @file
+/// @brief `StrideExplorer`: chooses a step's stride from what the steps that ran each
+///        stride measured, and explores, at a bounded cost, the strides it has not
+///        measured or whose measurements are old. The cost model predicts well what
+///        it has measured and can be wrong, in either direction, about what it has
+///        not; so measurements decide, and the model only says what is worth trying
+///        (docs/design.md, "Choosing the split").
+
+#include "dos/error.hpp"
+#include "dos/schedule/plan.hpp"
+#include "dos/schedule/policy.hpp"
+#include "dos/schedule/timeline.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cmath>
+#include <limits>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace dos {
+
+/// @brief How a measured choice explores; the defaults suit steps of milliseconds to
+///        seconds, thousands of steps long.
+struct ExploreSettings {
+  /// Once every candidate worth trying has been measured, at most one step in this
+  /// many runs a candidate other than the best (to re-check it); >= 1.
+  std::uint32_t explore_every = 16;
+  /// A candidate close to the best is re-checked this many steps after it was last
+  /// measured; slower ones proportionally later (see `StrideExplorer`); >= 1.
+  std::uint32_t stale_after = 200;
+  /// Never explore a candidate estimated more than this many times slower than the
+  /// best measured one; >= 1.
+  double max_slowdown = 2;
+  /// Candidates within this fraction of the best are measured `min_samples` times
+  /// before the choice trusts them, and re-checked when stale; >= 0.
+  double close = 0.25;
+
+  /// @throws std::invalid_argument naming the bad field.
+  void validate() const {
+    if (explore_every < 1) throw_invalid_argument("policy explore_every must be >= 1, got {}", explore_every);
+    if (stale_after < 1) throw_invalid_argument("policy stale_after must be >= 1, got {}", stale_after);
+    if (!(max_slowdown >= 1)) throw_invalid_argument("policy max_slowdown must be >= 1, got {}", max_slowdown);
+    if (!(close >= 0)) throw_invalid_argument("policy close must be >= 0, got {}", close);
+  }
+};
+
+/// @brief The strides 0 (no streaming) to `max_stride` of one residency, each with the
+///        medians of its last measured steps; chooses the fastest measured, and
+///        explores the others one at a time.
+///
+/// Each step, every candidate's estimate is the median of the last `window` update
+/// times of its latest run of consecutive steps (a candidate run again after a pause
+/// starts afresh: the machine may have changed), or the cost model's prediction while
+/// it has none. The step runs the
+/// candidate with the lowest estimate, unless exploring is due: then it runs the
+/// nearest (in k) of the best candidates that are worth measuring: those never
+/// measured, those close to the best and measured fewer than `min_samples` times, and
+/// those whose last measurement is stale (after `stale_after` steps if it was close to
+/// the best or the refined model now predicts it faster, proportionally later the
+/// slower it measured). Nothing estimated more
+/// than `max_slowdown` times slower than the best measured candidate is ever run.
+/// While candidates remain unmeasured, exploring is due every step (the model's guess
+/// is not yet checked); afterwards at most once in `explore_every` steps, so the
+/// settled cost is at most `(max_slowdown - 1) / explore_every` of a step, and in
+/// practice far less: re-checking a candidate costs on average at most
+/// `close / stale_after` of a step (0.125% by default).
+class StrideExplorer {
+ public:
+  static constexpr std::size_t window = 5;       ///< measurements kept per candidate
+  static constexpr std::uint32_t min_samples = 3;  ///< before a close candidate is trusted
+
+  /// @brief What is known of one candidate.
+  struct Record {
+    std::array<double, window> seconds{};  ///< the measurements of its latest run of steps
+    std::uint32_t kept = 0;                ///< how many of `seconds` hold one
+    std::uint32_t samples = 0;             ///< measurements ever taken
+    std::int64_t last = -1;                ///< the step it was last measured in
+    double predicted = 0;                  ///< the model's prediction, this step
+    bool feasible = false;                 ///< its plan fits the staging budget
+
+    /// @brief Median of the kept measurements (copying: the ring keeps its order).
+    double median() const noexcept {
+      std::array<double, window> s = seconds;
+      const std::size_t n = std::min<std::size_t>(kept, window);
+      // Insertion sort: five elements (std::sort trips GCC 12's -Warray-bounds here).
+      for (std::size_t i = 1; i < n; ++i)
+        for (std::size_t j = i; j > 0 && s[j - 1] > s[j]; --j) std::swap(s[j - 1], s[j]);
+      return n % 2 == 1 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+    }
+    /// @brief What this candidate is believed to take: measured where it was.
+    double estimate() const noexcept { return kept > 0 ? median() : predicted; }
+  };
+
+  /// @brief Room for strides up to @p max_stride, so that choosing never allocates.
+  void reserve(std::uint32_t max_stride) { records_.reserve(std::size_t{max_stride} + 1); }
+
+  /// @brief Builds this step's plan into @p plan, among the strides 0..max_stride over
+  ///        @p residency; returns its predicted seconds. `plan.explored` says whether
+  ///        the candidate was run to measure it rather than because it is the best.
+  template <class Request>
+  double choose(const Request& r, std::span<const Place> residency, std::uint32_t max_stride, Plan& plan,
+                Plan& scratch, const ExploreSettings& s) {
+    // Strides past the streamable subgroups stream the same single subgroup as the last.
+    const auto last = static_cast<std::uint32_t>(std::min<std::size_t>(max_stride, streamable(residency)));
+    if (records_.size() != std::size_t{last} + 1) records_.assign(std::size_t{last} + 1, Record{});
+    std::string_view reason;
+    for (std::uint32_t k = 0; k <= last; ++k) {
+      Record& c = records_[k];
+      c.predicted = detail::stride_plan(r, residency, scratch, k);
+      c.feasible = k == 0 || scratch.fallback.empty();
+      if (!c.feasible) reason = scratch.fallback;
+    }
+    const std::uint32_t best = best_candidate();
+    bool settling = false;
+    const std::uint32_t target = explore_target(best, s, settling);
+    const double t = detail::stride_plan(r, residency, plan, target);
+    if (target == 0) plan.fallback = reason;  // all-CPU, and some stride did not fit
+    plan.explored = target != best;
+    if (plan.explored) last_explored_ = clock_;
+    if (plan.explored && settling) settled_after_ = clock_ + 1;
+    return t;
+  }
+
+  /// @brief Records the measured time of a step that ran one of these candidates.
+  void observe(const StepTimeline& t) {
+    ++clock_;
+    // A plan that streamed nothing is the all-CPU candidate, whatever was asked of it.
+    const bool streamed = std::find(t.plan.placement.begin(), t.plan.placement.end(), Place::device) != t.plan.placement.end();
+    const std::uint32_t k = streamed ? t.plan.stride : 0;
+    if ((streamed && k == 0) || k >= records_.size() || !(t.measured_seconds > 0)) return;  // not one of ours
+    Record& c = records_[k];
+    // A candidate that runs again after a pause starts a new run of measurements: the
+    // machine may have changed since (memory bandwidth phases, other jobs), and one
+    // fresh step compares fairly with the running candidate's latest ones.
+    if (clock_ - c.last > 1) c.kept = 0;
+    c.seconds[c.kept % window] = t.measured_seconds;
+    ++c.kept;
+    ++c.samples;
+    c.last = clock_;
+  }
+
+  /// @brief Every candidate, indexed by k, as of the last choice.
+  std::span<const Record> records() const noexcept { return records_; }
+  /// @brief Steps observed so far.
+  std::int64_t steps() const noexcept { return clock_; }
+  /// @brief The last step that explored; -1 if none has.
+  std::int64_t last_explored() const noexcept { return last_explored_; }
+  /// @brief Steps it took to settle: the step after the last one that explored a
+  ///        candidate never measured (or measured too few times to trust); 0 if none.
+  std::int64_t settled_after() const noexcept { return settled_after_; }
+
+ private:
+  static constexpr std::uint32_t none = std::numeric_limits<std::uint32_t>::max();
+
+  std::uint32_t best_candidate() const {
+    std::uint32_t best = 0;
+    for (std::uint32_t k = 1; k < records_.size(); ++k)
+      if (records_[k].feasible && records_[k].estimate() < records_[best].estimate()) best = k;
+    return best;
+  }
+
+  // The candidate to run: the best, or the one to measure if exploring is due.
+  std::uint32_t explore_target(std::uint32_t best, const ExploreSettings& s, bool& settling) const {
+    double measured_best = std::numeric_limits<double>::infinity();
+    for (const Record& c : records_)
+      if (c.feasible && c.samples > 0) measured_best = std::min(measured_best, c.estimate());
+    // The first step runs the model's best: if the model is right, nothing is lost.
+    if (!std::isfinite(measured_best)) return best;
+    const double known = measured_best;
+    const double best_estimate = records_[best].estimate();
+    // How urgently candidate k should run: 0 not at all; unmeasured and unsettled
+    // candidates first, nearest to the best first; then stale ones, most overdue first.
+    constexpr double unsettled = 1e18;
+    const auto urgency = [&](std::uint32_t k) {
+      const Record& c = records_[k];
+      if (k == best || !c.feasible || c.estimate() > s.max_slowdown * known) return 0.0;
+      const bool close = c.estimate() <= (1 + s.close) * best_estimate;
+      // Settling, while the first sweep lasts (a few steps per candidate): candidates
+      // never measured, and close ones measured too few times to trust. Later such a
+      // candidate (one the model had ruled out may come within reach when the machine
+      // slows) waits its turn like a stale one, as if measured before the first step.
+      const bool sweep = clock_ <= static_cast<std::int64_t>(min_samples * records_.size());
+      const double nearness = -std::abs(static_cast<double>(k) - static_cast<double>(best));
+      if (sweep && (c.samples == 0 || (close && c.samples < min_samples))) return unsettled + nearness;
+      // Re-checked when stale (the machine may have changed in a way the running plan
+      // does not show): after stale_after steps if close to the best or if the refined
+      // model now predicts it faster, later the slower it measured, so that each
+      // candidate's re-checks cost at most `close / stale_after` of a step on average.
+      const double excess = c.estimate() / best_estimate - 1;
+      const double stale = s.stale_after;
+      const double wait = c.predicted < best_estimate || excess <= s.close ? stale : stale * excess / s.close;
+      const auto age = static_cast<double>(clock_ - c.last);
+      return age >= wait ? 1 + age / wait : 0.0;
+    };
+    std::uint32_t target = none;
+    double most = 0;
+    for (std::uint32_t k = 0; k < records_.size(); ++k)
+      if (const double u = urgency(k); u > most) most = u, target = k;
+    settling = most >= unsettled / 2;
+    if (target == none) return best;
+    const bool due = settling || clock_ - last_explored_ >= static_cast<std::int64_t>(s.explore_every);
+    return due ? target : best;
+  }
+
+  std::vector<Record> records_;
+  std::int64_t clock_ = 0;
+  std::int64_t last_explored_ = -1;
+  std::int64_t settled_after_ = 0;
+};
+
+}  // namespace dos

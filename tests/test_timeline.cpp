@@ -77,4 +77,8 @@ TEST_CASE("the Chrome trace has both timelines, one event per op each, on named 
   CHECK(count("{") == count("}"));
   CHECK(count("[") == count("]"));
   CHECK(j.find("\"displayTimeUnit\"") != std::string::npos);
+  CHECK(j.find("explored") == std::string::npos);
+  StepTimeline explored = t;
+  explored.plan.explored = true;
+  CHECK(chrome_trace(explored).find("measured (step 7, k=2, explored)") != std::string::npos);
 }

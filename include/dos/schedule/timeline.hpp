@@ -113,8 +113,9 @@ inline std::string chrome_trace(const StepTimeline& t) {
       out += fmt::format("{{\"ph\":\"M\",\"pid\":{},\"tid\":{},\"name\":\"thread_name\",\"args\":{{\"name\":\"{}\"}}}},\n",
                          pid, l, lane_name(static_cast<Lane>(l)));
   };
-  meta(1, fmt::format("predicted (step {}, k={})", t.step, t.plan.stride));
-  meta(2, fmt::format("measured (step {}, k={})", t.step, t.plan.stride));
+  const std::string_view explored = t.plan.explored ? ", explored" : "";
+  meta(1, fmt::format("predicted (step {}, k={}{})", t.step, t.plan.stride, explored));
+  meta(2, fmt::format("measured (step {}, k={}{})", t.step, t.plan.stride, explored));
   const auto events = [&](int pid, const std::vector<OpTiming>& times) {
     for (std::size_t i = 0; i < t.plan.ops.size() && i < times.size(); ++i) {
       const Op& op = t.plan.ops[i];

@@ -214,7 +214,8 @@ TEST_CASE("the records: one per candidate, the settling step, and bad settings n
   CHECK(e.steps() == 100);
   REQUIRE(e.records().size() == 9);
   CHECK(e.records()[6].estimate() == doctest::Approx(0.8));
-  CHECK(e.records()[3].samples == 1);  // run once, as the model's best; then never again
+  // Run once, as the model's best; then never again: 60% slower is no phase of the machine.
+  CHECK(e.records()[3].samples == 1);
   CHECK(e.settled_after() > 0);  // it explored the candidates the model doubted least
   CHECK(e.settled_after() <= 40);
   AutomaticStride bad;

@@ -62,7 +62,9 @@ struct ExploreSettings {
 /// measured, those close to the best and measured fewer than `min_samples` times, and
 /// those whose last measurement is stale (after `stale_after` steps if it was close to
 /// the best or the refined model now predicts it faster, proportionally later the
-/// slower it measured). Nothing estimated more
+/// slower it measured), and the candidate that was the best until the estimates moved,
+/// `explore_every` steps after it lost its place, then at doubling intervals, if it is
+/// close (a slow phase of the machine may have made it look slower). Nothing estimated more
 /// than `max_slowdown` times slower than the best measured candidate is ever run.
 /// While candidates remain unmeasured, exploring is due every step (the model's guess
 /// is not yet checked); afterwards at most once in `explore_every` steps, so the
@@ -80,6 +82,8 @@ class StrideExplorer {
     std::uint32_t kept = 0;                ///< how many of `seconds` hold one
     std::uint32_t samples = 0;             ///< measurements ever taken
     std::int64_t last = -1;                ///< the step it was last measured in
+    std::int64_t recheck_at = -1;          ///< when it is re-checked after losing its place; -1: not
+    std::int64_t backoff = 0;              ///< steps to the re-check after that one
     double predicted = 0;                  ///< the model's prediction, this step
     bool feasible = false;                 ///< its plan fits the staging budget
 
@@ -115,9 +119,22 @@ class StrideExplorer {
       c.feasible = k == 0 || scratch.fallback.empty();
       if (!c.feasible) reason = scratch.fallback;
     }
+    stale_after_ = s.stale_after;
     const std::uint32_t best = best_candidate();
     bool settling = false;
     const std::uint32_t target = explore_target(best, s, settling);
+    if (target == best && incumbent_ < records_.size() && incumbent_ != best) {
+      // The best changed because the estimates moved. If the old incumbent only looked
+      // slower in a slow phase of the machine, its estimate would stay stale while the
+      // new one is measured in better times: re-check it soon, then less and less often.
+      Record& old = records_[incumbent_];
+      old.backoff = s.explore_every;
+      old.recheck_at = clock_ + old.backoff;
+    }
+    if (target == best) {
+      incumbent_ = best;
+      records_[best].recheck_at = -1;  // it won its place back, or never lost it
+    }
     const double t = detail::stride_plan(r, residency, plan, target);
     if (target == 0) plan.fallback = reason;  // all-CPU, and some stride did not fit
     plan.explored = target != best;
@@ -142,6 +159,10 @@ class StrideExplorer {
     ++c.kept;
     ++c.samples;
     c.last = clock_;
+    if (t.plan.explored && c.recheck_at >= 0 && clock_ > c.recheck_at) {
+      c.backoff *= 2;  // it did not win back its place (or it would run as the best)
+      c.recheck_at = c.backoff <= static_cast<std::int64_t>(stale_after_) ? clock_ + c.backoff : -1;
+    }
   }
 
   /// @brief Every candidate, indexed by k, as of the last choice.
@@ -187,6 +208,9 @@ class StrideExplorer {
       const bool sweep = clock_ <= static_cast<std::int64_t>(min_samples * records_.size());
       const double nearness = -std::abs(static_cast<double>(k) - static_cast<double>(best));
       if (sweep && (c.samples == 0 || (close && c.samples < min_samples))) return unsettled + nearness;
+      // A candidate that lost its place recently is re-checked on its backoff schedule.
+      // (Only if close: no slow phase of this machine makes a plan look 25% slower.)
+      if (close && c.recheck_at >= 0 && clock_ >= c.recheck_at) return 2.0 + static_cast<double>(clock_ - c.recheck_at);
       // Re-checked when stale (the machine may have changed in a way the running plan
       // does not show): after stale_after steps if close to the best or if the refined
       // model now predicts it faster, later the slower it measured, so that each
@@ -211,6 +235,8 @@ class StrideExplorer {
   std::int64_t clock_ = 0;
   std::int64_t last_explored_ = -1;
   std::int64_t settled_after_ = 0;
+  std::uint32_t incumbent_ = none;  // the candidate last run as the best
+  std::uint32_t stale_after_ = 0;   // the settings' stale_after, as of the last choice
 };
 
 }  // namespace dos

@@ -13,9 +13,11 @@
 #include <dos/cuda/kernels.hpp>
 #include <dos/optimizer.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 using namespace dos;
@@ -130,7 +132,7 @@ TEST_CASE("many small segments in one call: several launches, every element once
   for (float x : out) REQUIRE(x == doctest::Approx(0.1f));  // every element updated exactly once
 }
 
-TEST_CASE("the fused reduction: sum of squares and non-finite detection") {
+TEST_CASE("the fused reduction (CUB, scratch allocated once): sum of squares and non-finite detection") {
   constexpr std::size_t n = 1 << 20;
   std::vector<float> x(n);
   double expect = 0;
@@ -140,12 +142,66 @@ TEST_CASE("the fused reduction: sum of squares and non-finite detection") {
   }
   DeviceArray d(n * 4);
   CudaAccess::write(d.buf.data(), x.data(), n * 4);
-  const auto stats = cuda::grad_stats(d.buf.data(), DType::f32, n, nullptr);
-  CHECK(stats.sum_squares == doctest::Approx(expect).epsilon(1e-12));
-  CHECK_FALSE(stats.nonfinite);
+  cuda::GradReduction reduce;
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, n}) {
+    double partial = 0;
+    for (std::size_t i = 0; i < count; ++i) partial += static_cast<double>(x[i]) * x[i];
+    const auto stats = reduce(d.buf.data(), DType::f32, count, nullptr);
+    CHECK(stats.sum_squares == doctest::Approx(partial).epsilon(1e-12));
+    CHECK_FALSE(stats.nonfinite);
+  }
   x[n / 2] = std::nanf("");
   CudaAccess::write(d.buf.data(), x.data(), n * 4);
-  CHECK(cuda::grad_stats(d.buf.data(), DType::f32, n, nullptr).nonfinite);
+  CHECK(reduce(d.buf.data(), DType::f32, n, nullptr).nonfinite);
+  // 16-bit gradients: the CPU's statistics of the same bits.
+  std::vector<bf16> h(n);
+  for (std::size_t i = 0; i < n; ++i) h[i] = bf16(static_cast<float>(i % 7) - 3.0f);
+  DeviceArray dh(n * 2);
+  CudaAccess::write(dh.buf.data(), h.data(), n * 2);
+  const GradStats want = cpu::grad_stats(h.data(), DType::bf16, 0, n);
+  CHECK(reduce(dh.buf.data(), DType::bf16, n, nullptr).sum_squares == doctest::Approx(want.sum_squares).epsilon(1e-12));
+}
+
+TEST_CASE("grad_stats from several threads at once: each gets its own gradient's statistics") {
+  CudaBackend b;
+  constexpr std::size_t n = 1 << 18, threads = 8;
+  std::vector<DeviceArray> grads;
+  for (std::size_t t = 0; t < threads; ++t) {
+    grads.emplace_back(n * 4);
+    const std::vector<float> x(n, static_cast<float>(t + 1));
+    CudaAccess::write(grads.back().buf.data(), x.data(), n * 4);
+  }
+  std::vector<double> got(threads);
+  std::vector<std::thread> pool;
+  for (std::size_t t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      for (int r = 0; r < 20; ++r) got[t] = b.grad_stats(grads[t].buf.data(), DType::f32, n).sum_squares;
+    });
+  for (auto& th : pool) th.join();
+  for (std::size_t t = 0; t < threads; ++t) CHECK(got[t] == static_cast<double>(n) * double(t + 1) * double(t + 1));
+}
+
+TEST_CASE("wait_for_framework orders dos after the framework's stream without blocking the host") {
+  cudaStream_t fs = nullptr;
+  cuda::check(cudaStreamCreateWithFlags(&fs, cudaStreamNonBlocking), "cudaStreamCreate");
+  CudaBackend b({}, {.framework_stream = fs});
+  constexpr std::size_t n = 1 << 20;
+  DeviceArray d(n * 4);
+  CudaAccess::write(d.buf.data(), std::vector<float>(n, 0.0f).data(), n * 4);
+  HostBuffer<float, cuda::PinnedMemory> ones(n, b.pinned_memory());
+  std::fill(ones.data(), ones.data() + n, 1.0f);
+  // The "backward": held back 300 ms on the host, then it writes the gradient.
+  cuda::check(cudaLaunchHostFunc(fs, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }, nullptr),
+              "cudaLaunchHostFunc");
+  cuda::check(cudaMemcpyAsync(d.buf.data(), ones.data(), n * 4, cudaMemcpyHostToDevice, fs), "cudaMemcpyAsync");
+  const auto start = std::chrono::steady_clock::now();
+  b.wait_for_framework();
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(100));  // backward runs ahead
+  CHECK(b.grad_stats(d.buf.data(), DType::f32, n).sum_squares == static_cast<double>(n));  // ...but dos waits
+  int current = -1;
+  cuda::check(cudaGetDevice(&current), "cudaGetDevice");
+  CHECK(current == b.config().device);
+  cuda::check(cudaStreamDestroy(fs), "cudaStreamDestroy");
 }
 
 TEST_CASE("InterleavedOptimizer<CudaBackend> is bit-identical to CpuOptimizer over 50 steps, every policy") {

@@ -10,8 +10,10 @@
 #include <dos/backend/emulated_device.hpp>
 #include <dos/optimizer.hpp>
 
+#include <atomic>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -430,6 +432,36 @@ TEST_CASE("grad_ready() starts device-gradient copies for CPU subgroups during b
   device.set_gradients(2);
   CHECK(opt.step().early_fetch_bytes == 0);
   (void)order;
+}
+
+TEST_CASE("grad_ready() from several threads at once (autograd's device and CPU threads): the one-thread result") {
+  // Under ThreadSanitizer (the tsan preset runs this file) this is the race check too:
+  // device statistics, early fetches and the norm are all reached from every thread.
+  const auto specs = test::any_sizes(16, 3000, 8);
+  MixedModel host(specs, two_groups, true), device(specs, two_groups);
+  Options ro{.subgroup_elements = 1000, .threads = 2};
+  ro.max_grad_norm = 0.01;
+  Options o = device_options(FixedStride{2}, 1000);
+  o.max_grad_norm = ro.max_grad_norm;
+  CpuOptimizer reference(host.groups(), ro);
+  DeviceOptimizer opt(device.groups(), o);
+  for (int t = 1; t <= 3; ++t) {
+    host.set_gradients(t);
+    device.set_gradients(t);
+    opt.begin_backward();
+    std::vector<std::thread> threads;
+    std::atomic<std::size_t> next{0};
+    for (int k = 0; k < 4; ++k)
+      threads.emplace_back([&] {
+        for (std::size_t p = next++; p < opt.num_params(); p = next++) opt.grad_ready(p);
+      });
+    for (auto& th : threads) th.join();
+    const StepReport want = reference.step(), got = opt.step();
+    CHECK(got.grad_norm == want.grad_norm);
+    CHECK(got.early_fetch_bytes > 0);
+    CHECK(host.value_bytes() == device.value_bytes());
+    CHECK(same_bits(all_state(reference), all_state(opt)));
+  }
 }
 
 TEST_CASE("an overflowing step after early fetches leaves nothing behind for the next step") {

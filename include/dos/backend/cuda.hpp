@@ -195,6 +195,9 @@ class CudaBackend {
  public:
   using Config = CudaConfig;
   static constexpr bool is_device_backend = true;
+  /// Parameters of calibration's device Adam: 512 MB of state, well beyond any GPU's
+  /// L2 cache, so the rate is the memory's.
+  static constexpr std::size_t calibration_device_elements = std::size_t{1} << 25;
 
   /// @brief A non-blocking stream, and the last framework event it was ordered after.
   class Stream {

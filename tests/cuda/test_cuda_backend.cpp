@@ -59,14 +59,17 @@ TEST_CASE("the Adam kernel gives the CPU executor's bits for every type triple, 
     for (DType grad : {DType::f32, DType::bf16, DType::f16})
       for (bool amsgrad : {false, true})
         for (std::size_t offset : {0u, 1u, 3u})
+          for (bool mixed : {false, true})  // the gradient alone misaligned, or aligned alone
           for (std::size_t n : {1u, 7u, 1000u, 100003u}) {
             CAPTURE(dtype_name(value));
             CAPTURE(dtype_name(grad));
             CAPTURE(amsgrad);
             CAPTURE(offset);
+            CAPTURE(mixed);
             CAPTURE(n);
+            const std::size_t goff = mixed ? (offset + 1) % 4 : offset;
             const bool master = value != DType::f32 || rng.below(2) == 0;
-            const std::size_t total = n + offset;
+            const std::size_t total = n + 4;
             std::vector<float> p32(total), m(total), v(total), vmax(total), mst(total);
             std::vector<std::byte> pv(total * 4), gv(total * 4);
             for (std::size_t i = 0; i < total; ++i) {
@@ -85,7 +88,7 @@ TEST_CASE("the Adam kernel gives the CPU executor's bits for every type triple, 
               CudaAccess::write(d, h, total * 4);
             const auto vs = dtype_size(value), gs = dtype_size(grad);
             DeviceSegment seg;
-            seg.args = {dp.buf.data() + offset * vs, dg.buf.data() + offset * gs,
+            seg.args = {dp.buf.data() + offset * vs, dg.buf.data() + goff * gs,
                         master ? dmst.as<float>() + offset : nullptr, dm.as<float>() + offset,
                         dv.as<float>() + offset, amsgrad ? dx.as<float>() + offset : nullptr};
             seg.count = n;
@@ -95,7 +98,7 @@ TEST_CASE("the Adam kernel gives the CPU executor's bits for every type triple, 
             seg.coefficients = coefficients(AdamW{.lr = 1e-2, .weight_decay = 0.1}, 7);
             b.launch_adam({&seg, 1}, s);
             b.synchronize(s);
-            cpu::SegmentArgs a{pv.data() + offset * vs, gv.data() + offset * gs, master ? mst.data() + offset : nullptr,
+            cpu::SegmentArgs a{pv.data() + offset * vs, gv.data() + goff * gs, master ? mst.data() + offset : nullptr,
                                m.data() + offset, v.data() + offset, amsgrad ? vmax.data() + offset : nullptr};
             select_kernel(SimdLevel::scalar, value, grad, amsgrad)(a, 0, n, seg.coefficients);
             std::vector<std::byte> got(total * 4);
@@ -105,6 +108,10 @@ TEST_CASE("the Adam kernel gives the CPU executor's bits for every type triple, 
             REQUIRE(std::memcmp(got.data(), m.data(), total * 4) == 0);
             CudaAccess::read(got.data(), dv.buf.data(), total * 4);
             REQUIRE(std::memcmp(got.data(), v.data(), total * 4) == 0);
+            CudaAccess::read(got.data(), dmst.buf.data(), total * 4);
+            REQUIRE(std::memcmp(got.data(), mst.data(), total * 4) == 0);
+            CudaAccess::read(got.data(), dx.buf.data(), total * 4);
+            REQUIRE(std::memcmp(got.data(), vmax.data(), total * 4) == 0);
           }
 }
 

@@ -6,7 +6,7 @@
 /// One thread updates four consecutive elements. Its fp32 arrays (master, m, v,
 /// vmax, and fp32 values or gradients) are read and written with 16-byte vector
 /// accesses when the four elements are 16-byte aligned, its 16-bit arrays with
-/// 8-byte ones; otherwise element by element. A launch carries up to
+/// 8-byte ones; otherwise element by element, each array on its own. A launch carries up to
 /// `segments_per_launch` segment descriptors by value, and each block finds its
 /// segment from the block offsets, so many small tensors cost one launch.
 ///
@@ -122,22 +122,22 @@ __device__ __forceinline__ void update(const DeviceSegment& s, std::size_t begin
   float* const vmax_ = Amsgrad ? a.max_exp_avg_sq + begin : nullptr;
   const AdamCoefficients<float>& k = s.coefficients;
   if (end - begin == 4) {
-    const bool vec = aligned(param) && aligned(grad) && aligned(m_) && aligned(v_) &&
-                     (!HasMaster || aligned(master)) && (!Amsgrad || aligned(vmax_));
+    // Each array decides for itself: one misaligned array (a gradient at an odd offset)
+    // takes the element path alone, the others keep their vector accesses.
     float p[4], g[4], m[4], v[4], vmax[4] = {0, 0, 0, 0};
-    if constexpr (HasMaster) load4(master, p, vec);
-    else load4(param, p, vec);
-    load4(grad, g, vec);
-    load4(m_, m, vec);
-    load4(v_, v, vec);
-    if constexpr (Amsgrad) load4(vmax_, vmax, vec);
+    if constexpr (HasMaster) load4(master, p, aligned(master));
+    else load4(param, p, aligned(param));
+    load4(grad, g, aligned(grad));
+    load4(m_, m, aligned(m_));
+    load4(v_, v, aligned(v_));
+    if constexpr (Amsgrad) load4(vmax_, vmax, aligned(vmax_));
 #pragma unroll
     for (int i = 0; i < 4; ++i) adam_step<Amsgrad>(p[i], g[i], m[i], v[i], vmax[i], k);
-    if constexpr (HasMaster) store4(master, p, vec);
-    store4(param, p, vec);
-    store4(m_, m, vec);
-    store4(v_, v, vec);
-    if constexpr (Amsgrad) store4(vmax_, vmax, vec);
+    if constexpr (HasMaster) store4(master, p, aligned(master));
+    store4(param, p, aligned(param));
+    store4(m_, m, aligned(m_));
+    store4(v_, v, aligned(v_));
+    if constexpr (Amsgrad) store4(vmax_, vmax, aligned(vmax_));
     return;
   }
   for (std::size_t i = 0; i < end - begin; ++i) {

@@ -30,7 +30,7 @@ FIGURES = {
 for tensors in ("device", "host_pinned", "host_pageable"):
     pre = f"hybrid_{tensors}_"
     what = {"device": "bf16 tensors on the GPU", "host_pinned": "fp32 host tensors, pinned",
-            "host_pageable": "fp32 host tensors, pageable"}[tensors]
+            "host_pageable": "fp32 host tensors, pageable (dos registers them)"}[tensors]
     FIGURES.update({
         pre + "params": f"parameters updated ({what})",
         pre + "all_cpu_s": "update time, every subgroup on the CPU",

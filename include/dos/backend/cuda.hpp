@@ -23,6 +23,7 @@
 #include <cuda_runtime_api.h>
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -33,6 +34,7 @@
 #include <string>
 #include <unordered_set>
 #include <utility>
+#include <vector>
 
 namespace dos {
 
@@ -262,6 +264,33 @@ class CudaBackend {
     after_framework(s);
     cuda::launch_adam(segments, s.get());
   }
+  /// @brief Pins the framework's host memory [@p p, @p p + @p bytes) in place
+  ///        (cudaHostRegister), so that copies from and to it are asynchronous; true
+  ///        also when it is pinned already. False: its copies stay synchronous.
+  bool register_host(const void* p, std::size_t bytes) {
+    if (!available() || bytes == 0) return false;
+    const auto on = use_device();
+    if (pinned(p) && pinned(static_cast<const std::byte*>(p) + bytes - 1)) return true;
+    if (cudaHostRegister(const_cast<void*>(p), bytes, cudaHostRegisterPortable) != cudaSuccess) {
+      (void)cudaGetLastError();  // the caller warns: not an error
+      return false;
+    }
+    const std::lock_guard lock(sync_->framework_mutex);
+    sync_->registered.push_back(p);
+    return true;
+  }
+  /// @brief Releases what `register_host` pinned at @p p (nothing when it found it pinned).
+  void unregister_host(const void* p) noexcept {
+    {
+      const std::lock_guard lock(sync_->framework_mutex);
+      auto& r = sync_->registered;
+      const auto it = std::find(r.begin(), r.end(), p);
+      if (it == r.end()) return;
+      *it = r.back();
+      r.pop_back();
+    }
+    if (cudaHostUnregister(const_cast<void*>(p)) != cudaSuccess) (void)cudaGetLastError();
+  }
   /// @brief Nothing to do on a real device: dead staging is simply overwritten.
   void discard(void*, std::size_t, Stream&) noexcept {}
   void record(Event& e, Stream& s) {
@@ -320,6 +349,15 @@ class CudaBackend {
     DOS_CUDA_CHECK(cudaEventCreateWithFlags(&e, flags));
     return Event(e);
   }
+  // Host memory the device copies asynchronously: pinned or registered by anyone.
+  static bool pinned(const void* p) noexcept {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return a.type == cudaMemoryTypeHost;
+  }
   // Orders @p s after the framework's latest marked work, once per mark.
   void after_framework(Stream& s) {
     const std::lock_guard lock(sync_->framework_mutex);
@@ -340,6 +378,13 @@ class CudaBackend {
     std::mutex scan_mutex;       // one reduction at a time (grad_ready runs on several threads)
     std::mutex framework_mutex;  // the framework event's record and the streams' waits on it
     std::uint64_t framework_generation = 0;
+    // What register_host pinned (under framework_mutex). Room for 4096 reserved, so
+    // registering a moved view during a step allocates nothing.
+    std::vector<const void*> registered = [] {
+      std::vector<const void*> v;
+      v.reserve(4096);
+      return v;
+    }();
   };
   std::unique_ptr<Sync> sync_ = std::make_unique<Sync>();
 };

@@ -211,12 +211,45 @@ TEST_CASE("wait_for_framework orders dos after the framework's stream without bl
   cuda::check(cudaStreamDestroy(fs), "cudaStreamDestroy");
 }
 
+TEST_CASE("register_host pins pageable memory in place, once, and releases only what it pinned") {
+  CudaBackend b;
+  std::vector<float> pageable(1 << 20, 1.0f);
+  const auto type = [](const void* p) {
+    cudaPointerAttributes a{};
+    cuda::check(cudaPointerGetAttributes(&a, p), "cudaPointerGetAttributes");
+    return a.type;
+  };
+  CHECK(type(pageable.data()) != cudaMemoryTypeHost);
+  CHECK(b.register_host(pageable.data(), pageable.size() * 4));
+  CHECK(type(pageable.data()) == cudaMemoryTypeHost);
+  CHECK(b.register_host(pageable.data() + 10, 40));  // inside: pinned already
+  b.unregister_host(pageable.data() + 10);            // not its own: nothing happens
+  CHECK(type(pageable.data()) == cudaMemoryTypeHost);
+  b.unregister_host(pageable.data());
+  CHECK(type(pageable.data()) != cudaMemoryTypeHost);
+}
+
 TEST_CASE("InterleavedOptimizer<CudaBackend> is bit-identical to CpuOptimizer over 50 steps, every policy") {
   for (const AnyPolicy& policy : test::every_policy()) {
     CAPTURE(policy.name());
     test::compare_trajectories<CudaBackend, CudaAccess>(test::one_per_subgroup(13, 4096, 5), policy, 4096, 2, 50, 13);
   }
   test::compare_trajectories<CudaBackend, CudaAccess>(test::any_sizes(20, 20000, 9), {}, 8192, 0, 50);
+}
+
+TEST_CASE("on the GPU: clipping through the device reduction, and begin_backward/grad_ready's early fetches") {
+  // Device gradients' statistics come from CUB here, host ones from the CPU: the norm and
+  // the state must still be the CPU optimizer's bits.
+  const auto specs = test::one_per_subgroup(6, 4096, 12);
+  for (const AnyPolicy& policy : {AnyPolicy(FixedStride{2}), AnyPolicy(ResidentThenStride{})}) {
+    CAPTURE(policy.name());
+    const auto clipped =
+        test::compare_trajectories<CudaBackend, CudaAccess>(specs, policy, 4096, 2, 20, 6, {.max_grad_norm = 0.05});
+    CHECK(clipped.front().clip_coef < 1);
+    const auto early = test::compare_trajectories<CudaBackend, CudaAccess>(specs, policy, 4096, 2, 20, 6,
+                                                                           {.max_grad_norm = 0.05, .backward_api = true});
+    for (std::size_t i = 0; i < early.size(); ++i) CHECK(early[i].grad_norm == clipped[i].grad_norm);
+  }
 }
 
 int main(int argc, char** argv) {

@@ -57,10 +57,13 @@ run() {
   local name=$1 secs; secs=$(limit "$2"); shift 2
   echo "== $name (limit $secs s): $*"
   local t0; t0=$(date +%s)
-  timeout -k 10 "$secs" stdbuf -oL -eL "$@" 2>&1 | tee "$out/$name.log"
+  timeout -k 10 "$secs" "${unbuffered[@]}" "$@" 2>&1 | tee "$out/$name.log"
   rc=${PIPESTATUS[0]}
   took=$(( $(date +%s) - t0 ))
 }
+# Line-buffered children: their output reaches the terminal (and a cut run) as it comes.
+unbuffered=()
+command -v stdbuf >/dev/null && unbuffered=(stdbuf -oL -eL)
 status_of() {  # exit status -> part status
   case "$1" in 0) echo ok ;; 77) echo skipped ;; 124|137) echo timeout ;; *) echo failed ;; esac
 }

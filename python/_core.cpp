@@ -240,7 +240,9 @@ class PyOptimizer {
     } else if (e.backend == "cuda") {
 #ifdef DOS_WITH_CUDA_TOOLKIT
       CudaConfig c;
-      c.framework_stream = reinterpret_cast<cudaStream_t>(e.stream);
+      // 0: the legacy default stream, named as such (a null stream would be the
+      // per-thread one in code built with --default-stream per-thread).
+      if (e.stream != 0) c.framework_stream = reinterpret_cast<cudaStream_t>(e.stream);
       engine_ = std::make_unique<EngineOf<CudaBackend>>(std::move(groups), o, c);
 #else
       throw_invalid_argument("backend 'cuda' is not available: this build of dos found no CUDA toolkit "

@@ -3,6 +3,7 @@
 // against brute force, and a calibration that sees the emulated device's throttles.
 
 #include "support/inputs.hpp"
+#include "support/wrapped_device.hpp"
 
 #include <doctest/doctest.h>
 #include <dos/backend/emulated_device.hpp>
@@ -13,8 +14,12 @@
 #include <dos/schedule/policy.hpp>
 #include <dos/schedule/simulate.hpp>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
+#include <span>
+#include <thread>
 #include <vector>
 
 using namespace dos;
@@ -254,6 +259,41 @@ TEST_CASE("calibrate measures the emulated device's throttles and link") {
   CHECK(p.duplex);
   EmulatedDeviceBackend shared({.threads = 1}, {.h2d_bandwidth = 100e6, .d2h_bandwidth = 100e6, .duplex = false});
   CHECK_FALSE(calibrate(shared, cpu, small).duplex);
+}
+
+namespace {
+// A device whose host synchronisation costs 5 ms, as a launch and a synchronize cost
+// microseconds next to a kernel of microseconds on a GPU, and that asks calibration
+// for a larger scratch, as a GPU with a large L2 cache does.
+struct SlowHostDevice : test::WrappedDevice<> {
+  using WrappedDevice::WrappedDevice;
+  static constexpr std::size_t calibration_device_elements = std::size_t{1} << 16;
+  void synchronize(Event& e) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    WrappedDevice::synchronize(e);
+  }
+  void synchronize(Stream& s) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    WrappedDevice::synchronize(s);
+  }
+  void launch_adam(std::span<const DeviceSegment> segs, Stream& st) {
+    largest = std::max(largest, segs[0].count);
+    WrappedDevice::launch_adam(segs, st);
+  }
+  std::size_t largest = 0;
+};
+static_assert(DeviceBackend<SlowHostDevice>);
+}  // namespace
+
+TEST_CASE("calibrate times the device's Adam on the device, over the scratch size the backend asks for") {
+  const CalibrationSizes small{.cpu_elements = 1 << 16, .copy_bytes = 2 << 20, .device_elements = 1 << 14,
+                               .repetitions = 2};
+  cpu::CpuAdamExecutor cpu({.threads = 1});
+  SlowHostDevice dev({.threads = 1}, {.device_rate = 2e7});
+  const HardwareProfile p = calibrate(dev, cpu, small);
+  CHECK(dev.largest == SlowHostDevice::calibration_device_elements);
+  CHECK(p.device_rate <= 2e7 * 1.01);
+  CHECK(p.device_rate > 2e7 * 0.8);  // a host clock would see 3.3 ms of kernel + 5 ms: 0.4x
 }
 
 TEST_CASE("refinement learns each kind of plan's residual: a plan measured 20% slow is predicted slower") {

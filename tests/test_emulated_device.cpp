@@ -7,6 +7,7 @@
 #include <dos/backend/emulated_device.hpp>
 #include <dos/optim/adam.hpp>
 #include <dos/memory/device_buffer.hpp>
+#include <dos/memory/host_resource.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -64,6 +65,7 @@ TEST_CASE("events order one stream after another, and the host after a stream") 
   EmulatedDeviceBackend b({}, {.h2d_bandwidth = 4e6});  // 40 KB take 10 ms
   DeviceBuffer<emulated::DeviceMemory> buf(40'000, b.device_memory());
   std::vector<float> host(10'000, 2.0f), ordered(10'000), racy(10'000);
+  b.register_host(host.data(), 40'000);  // pinned: the upload is asynchronous
   auto up = b.make_stream(), down = b.make_stream();
   auto uploaded = b.make_event();
   b.copy_h2d(buf.data(), host.data(), 40'000, up);
@@ -80,6 +82,28 @@ TEST_CASE("events order one stream after another, and the host after a stream") 
   b.synchronize(down);
   CHECK(ordered == host);
   CHECK(std::isnan(racy[0]));  // the emulator made the race visible
+}
+
+TEST_CASE("a copy from or to pageable host memory blocks the issuing thread; pinned or registered, it does not") {
+  EmulatedDeviceBackend b({}, {.h2d_bandwidth = 4e6, .d2h_bandwidth = 4e6});  // 40 KB take 10 ms
+  DeviceBuffer<emulated::DeviceMemory> buf(40'000, b.device_memory());
+  HostBuffer<std::byte, emulated::PinnedMemory> pinned(40'000, b.pinned_memory());
+  std::vector<std::byte> pageable(40'000);
+  auto s = b.make_stream();
+  const auto issue_seconds = [&](auto&& issue) {
+    const auto start = std::chrono::steady_clock::now();
+    issue();
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    b.synchronize(s);
+    return t;
+  };
+  CHECK(issue_seconds([&] { b.copy_h2d(buf.data(), pageable.data(), 40'000, s); }) >= 0.009);
+  CHECK(issue_seconds([&] { b.copy_d2h(pageable.data(), buf.data(), 40'000, s); }) >= 0.009);
+  CHECK(issue_seconds([&] { b.copy_h2d(buf.data(), pinned.data(), 40'000, s); }) < 0.005);
+  CHECK(b.register_host(pageable.data(), 40'000));
+  CHECK(issue_seconds([&] { b.copy_d2h(pageable.data() + 100, buf.data(), 30'000, s); }) < 0.005);
+  b.unregister_host(pageable.data());
+  CHECK(issue_seconds([&] { b.copy_h2d(buf.data(), pageable.data(), 40'000, s); }) >= 0.009);
 }
 
 TEST_CASE("events refer to their latest record, as CUDA's do") {

@@ -13,9 +13,11 @@
 #include <dos/cuda/kernels.hpp>
 #include <dos/optimizer.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 using namespace dos;
@@ -57,14 +59,17 @@ TEST_CASE("the Adam kernel gives the CPU executor's bits for every type triple, 
     for (DType grad : {DType::f32, DType::bf16, DType::f16})
       for (bool amsgrad : {false, true})
         for (std::size_t offset : {0u, 1u, 3u})
+          for (bool mixed : {false, true})  // the gradient alone misaligned, or aligned alone
           for (std::size_t n : {1u, 7u, 1000u, 100003u}) {
             CAPTURE(dtype_name(value));
             CAPTURE(dtype_name(grad));
             CAPTURE(amsgrad);
             CAPTURE(offset);
+            CAPTURE(mixed);
             CAPTURE(n);
+            const std::size_t goff = mixed ? (offset + 1) % 4 : offset;
             const bool master = value != DType::f32 || rng.below(2) == 0;
-            const std::size_t total = n + offset;
+            const std::size_t total = n + 4;
             std::vector<float> p32(total), m(total), v(total), vmax(total), mst(total);
             std::vector<std::byte> pv(total * 4), gv(total * 4);
             for (std::size_t i = 0; i < total; ++i) {
@@ -83,7 +88,7 @@ TEST_CASE("the Adam kernel gives the CPU executor's bits for every type triple, 
               CudaAccess::write(d, h, total * 4);
             const auto vs = dtype_size(value), gs = dtype_size(grad);
             DeviceSegment seg;
-            seg.args = {dp.buf.data() + offset * vs, dg.buf.data() + offset * gs,
+            seg.args = {dp.buf.data() + offset * vs, dg.buf.data() + goff * gs,
                         master ? dmst.as<float>() + offset : nullptr, dm.as<float>() + offset,
                         dv.as<float>() + offset, amsgrad ? dx.as<float>() + offset : nullptr};
             seg.count = n;
@@ -93,7 +98,7 @@ TEST_CASE("the Adam kernel gives the CPU executor's bits for every type triple, 
             seg.coefficients = coefficients(AdamW{.lr = 1e-2, .weight_decay = 0.1}, 7);
             b.launch_adam({&seg, 1}, s);
             b.synchronize(s);
-            cpu::SegmentArgs a{pv.data() + offset * vs, gv.data() + offset * gs, master ? mst.data() + offset : nullptr,
+            cpu::SegmentArgs a{pv.data() + offset * vs, gv.data() + goff * gs, master ? mst.data() + offset : nullptr,
                                m.data() + offset, v.data() + offset, amsgrad ? vmax.data() + offset : nullptr};
             select_kernel(SimdLevel::scalar, value, grad, amsgrad)(a, 0, n, seg.coefficients);
             std::vector<std::byte> got(total * 4);
@@ -103,6 +108,10 @@ TEST_CASE("the Adam kernel gives the CPU executor's bits for every type triple, 
             REQUIRE(std::memcmp(got.data(), m.data(), total * 4) == 0);
             CudaAccess::read(got.data(), dv.buf.data(), total * 4);
             REQUIRE(std::memcmp(got.data(), v.data(), total * 4) == 0);
+            CudaAccess::read(got.data(), dmst.buf.data(), total * 4);
+            REQUIRE(std::memcmp(got.data(), mst.data(), total * 4) == 0);
+            CudaAccess::read(got.data(), dx.buf.data(), total * 4);
+            REQUIRE(std::memcmp(got.data(), vmax.data(), total * 4) == 0);
           }
 }
 
@@ -130,7 +139,7 @@ TEST_CASE("many small segments in one call: several launches, every element once
   for (float x : out) REQUIRE(x == doctest::Approx(0.1f));  // every element updated exactly once
 }
 
-TEST_CASE("the fused reduction: sum of squares and non-finite detection") {
+TEST_CASE("the fused reduction (CUB, scratch allocated once): sum of squares and non-finite detection") {
   constexpr std::size_t n = 1 << 20;
   std::vector<float> x(n);
   double expect = 0;
@@ -140,12 +149,84 @@ TEST_CASE("the fused reduction: sum of squares and non-finite detection") {
   }
   DeviceArray d(n * 4);
   CudaAccess::write(d.buf.data(), x.data(), n * 4);
-  const auto stats = cuda::grad_stats(d.buf.data(), DType::f32, n, nullptr);
-  CHECK(stats.sum_squares == doctest::Approx(expect).epsilon(1e-12));
-  CHECK_FALSE(stats.nonfinite);
+  cuda::GradReduction reduce;
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, n}) {
+    double partial = 0;
+    for (std::size_t i = 0; i < count; ++i) partial += static_cast<double>(x[i]) * x[i];
+    const auto stats = reduce(d.buf.data(), DType::f32, count, nullptr);
+    CHECK(stats.sum_squares == doctest::Approx(partial).epsilon(1e-12));
+    CHECK_FALSE(stats.nonfinite);
+  }
   x[n / 2] = std::nanf("");
   CudaAccess::write(d.buf.data(), x.data(), n * 4);
-  CHECK(cuda::grad_stats(d.buf.data(), DType::f32, n, nullptr).nonfinite);
+  CHECK(reduce(d.buf.data(), DType::f32, n, nullptr).nonfinite);
+  // 16-bit gradients: the CPU's statistics of the same bits.
+  std::vector<bf16> h(n);
+  for (std::size_t i = 0; i < n; ++i) h[i] = bf16(static_cast<float>(i % 7) - 3.0f);
+  DeviceArray dh(n * 2);
+  CudaAccess::write(dh.buf.data(), h.data(), n * 2);
+  const GradStats want = cpu::grad_stats(h.data(), DType::bf16, 0, n);
+  CHECK(reduce(dh.buf.data(), DType::bf16, n, nullptr).sum_squares == doctest::Approx(want.sum_squares).epsilon(1e-12));
+}
+
+TEST_CASE("grad_stats from several threads at once: each gets its own gradient's statistics") {
+  CudaBackend b;
+  constexpr std::size_t n = 1 << 18, threads = 8;
+  std::vector<DeviceArray> grads;
+  for (std::size_t t = 0; t < threads; ++t) {
+    grads.emplace_back(n * 4);
+    const std::vector<float> x(n, static_cast<float>(t + 1));
+    CudaAccess::write(grads.back().buf.data(), x.data(), n * 4);
+  }
+  std::vector<double> got(threads);
+  std::vector<std::thread> pool;
+  for (std::size_t t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      for (int r = 0; r < 20; ++r) got[t] = b.grad_stats(grads[t].buf.data(), DType::f32, n).sum_squares;
+    });
+  for (auto& th : pool) th.join();
+  for (std::size_t t = 0; t < threads; ++t) CHECK(got[t] == static_cast<double>(n) * double(t + 1) * double(t + 1));
+}
+
+TEST_CASE("wait_for_framework orders dos after the framework's stream without blocking the host") {
+  cudaStream_t fs = nullptr;
+  cuda::check(cudaStreamCreateWithFlags(&fs, cudaStreamNonBlocking), "cudaStreamCreate");
+  CudaBackend b({}, {.framework_stream = fs});
+  constexpr std::size_t n = 1 << 20;
+  DeviceArray d(n * 4);
+  CudaAccess::write(d.buf.data(), std::vector<float>(n, 0.0f).data(), n * 4);
+  HostBuffer<float, cuda::PinnedMemory> ones(n, b.pinned_memory());
+  std::fill(ones.data(), ones.data() + n, 1.0f);
+  // The "backward": held back 300 ms on the host, then it writes the gradient.
+  cuda::check(cudaLaunchHostFunc(fs, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }, nullptr),
+              "cudaLaunchHostFunc");
+  cuda::check(cudaMemcpyAsync(d.buf.data(), ones.data(), n * 4, cudaMemcpyHostToDevice, fs), "cudaMemcpyAsync");
+  const auto start = std::chrono::steady_clock::now();
+  b.wait_for_framework();
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(100));  // backward runs ahead
+  CHECK(b.grad_stats(d.buf.data(), DType::f32, n).sum_squares == static_cast<double>(n));  // ...but dos waits
+  int current = -1;
+  cuda::check(cudaGetDevice(&current), "cudaGetDevice");
+  CHECK(current == b.config().device);
+  cuda::check(cudaStreamDestroy(fs), "cudaStreamDestroy");
+}
+
+TEST_CASE("register_host pins pageable memory in place, once, and releases only what it pinned") {
+  CudaBackend b;
+  std::vector<float> pageable(1 << 20, 1.0f);
+  const auto type = [](const void* p) {
+    cudaPointerAttributes a{};
+    cuda::check(cudaPointerGetAttributes(&a, p), "cudaPointerGetAttributes");
+    return a.type;
+  };
+  CHECK(type(pageable.data()) != cudaMemoryTypeHost);
+  CHECK(b.register_host(pageable.data(), pageable.size() * 4));
+  CHECK(type(pageable.data()) == cudaMemoryTypeHost);
+  CHECK(b.register_host(pageable.data() + 10, 40));  // inside: pinned already
+  b.unregister_host(pageable.data() + 10);            // not its own: nothing happens
+  CHECK(type(pageable.data()) == cudaMemoryTypeHost);
+  b.unregister_host(pageable.data());
+  CHECK(type(pageable.data()) != cudaMemoryTypeHost);
 }
 
 TEST_CASE("InterleavedOptimizer<CudaBackend> is bit-identical to CpuOptimizer over 50 steps, every policy") {
@@ -154,6 +235,21 @@ TEST_CASE("InterleavedOptimizer<CudaBackend> is bit-identical to CpuOptimizer ov
     test::compare_trajectories<CudaBackend, CudaAccess>(test::one_per_subgroup(13, 4096, 5), policy, 4096, 2, 50, 13);
   }
   test::compare_trajectories<CudaBackend, CudaAccess>(test::any_sizes(20, 20000, 9), {}, 8192, 0, 50);
+}
+
+TEST_CASE("on the GPU: clipping through the device reduction, and begin_backward/grad_ready's early fetches") {
+  // Device gradients' statistics come from CUB here, host ones from the CPU: the norm and
+  // the state must still be the CPU optimizer's bits.
+  const auto specs = test::one_per_subgroup(6, 4096, 12);
+  for (const AnyPolicy& policy : {AnyPolicy(FixedStride{2}), AnyPolicy(ResidentThenStride{})}) {
+    CAPTURE(policy.name());
+    const auto clipped =
+        test::compare_trajectories<CudaBackend, CudaAccess>(specs, policy, 4096, 2, 20, 6, {.max_grad_norm = 0.05});
+    CHECK(clipped.front().clip_coef < 1);
+    const auto early = test::compare_trajectories<CudaBackend, CudaAccess>(specs, policy, 4096, 2, 20, 6,
+                                                                           {.max_grad_norm = 0.05, .backward_api = true});
+    for (std::size_t i = 0; i < early.size(); ++i) CHECK(early[i].grad_norm == clipped[i].grad_norm);
+  }
 }
 
 int main(int argc, char** argv) {

@@ -12,7 +12,9 @@
 ///    reads and writes happen when it completes, after its throttled duration, so a
 ///    consumer that does not wait for it sees stale or poisoned data;
 ///  - copies can be throttled to a bandwidth (h2d and param pushes share one link;
-///    a half-duplex link is shared by both directions), and Adam launches to a rate.
+///    a half-duplex link is shared by both directions), and Adam launches to a rate;
+///  - as CUDA's, a copy from or to host memory that is neither `pinned_memory()`'s nor
+///    registered (`register_host`) blocks the thread that issues it until it is done.
 /// The device Adam is a CPU kernel compiled from the same one step (adam_step.inl) as
 /// every executor, at the widest instruction set (bit-identical to the scalar one).
 
@@ -32,6 +34,8 @@
 #include <mutex>
 #include <new>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace dos {
 
@@ -44,6 +48,9 @@ struct EmulatedDeviceConfig {
   std::size_t memory_bytes = std::size_t{16} << 30;  ///< device memory capacity
   std::size_t reserve_bytes = 0;  ///< kept out of `staging_bytes_available()`
   SimdLevel simd = SimdLevel::automatic;  ///< the kernel family the device's Adam runs
+  /// A copy from or to pageable host memory (neither pinned nor registered) blocks the
+  /// issuing thread until it completes, as CUDA's does.
+  bool pageable_copies_block = true;
 };
 
 namespace emulated {
@@ -84,16 +91,51 @@ class DeviceMemory {
   std::shared_ptr<State> state_;
 };
 
+/// @brief The host ranges the device can copy asynchronously: pinned allocations and
+///        registered ranges. A flat list with room reserved for 4096, so registering a
+///        moved view during a step allocates nothing.
+class HostRegistry {
+ public:
+  HostRegistry() { ranges_.reserve(4096); }
+  void add(const void* p, std::size_t bytes) {
+    std::lock_guard lock(mutex_);
+    ranges_.push_back({address(p), address(p) + bytes});
+  }
+  void remove(const void* p) noexcept {
+    std::lock_guard lock(mutex_);
+    for (auto& r : ranges_)
+      if (r.first == address(p)) {
+        r = ranges_.back();
+        ranges_.pop_back();
+        return;
+      }
+  }
+  /// @brief Whether [p, p + bytes) lies in one known range.
+  bool covers(const void* p, std::size_t bytes) const {
+    std::lock_guard lock(mutex_);
+    return std::any_of(ranges_.begin(), ranges_.end(),
+                       [&](const auto& r) { return r.first <= address(p) && address(p) + bytes <= r.second; });
+  }
+
+ private:
+  static std::uintptr_t address(const void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p); }
+  mutable std::mutex mutex_;
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges_;
+};
+
 /// @brief Pinned host memory: aligned host memory that arrives poisoned, as
-///        cudaHostAlloc's arrives uninitialised.
+///        cudaHostAlloc's arrives uninitialised, and is known to the registry.
 struct PinnedMemory {
   bool huge_pages = false;
+  std::shared_ptr<HostRegistry> registry{};
   void* allocate(std::size_t bytes, std::size_t alignment) const {
     void* p = HostResource{huge_pages}.allocate(bytes, alignment);
     std::memset(p, poison_byte, bytes);
+    if (registry) registry->add(p, bytes);
     return p;
   }
   void deallocate(void* p, std::size_t bytes, std::size_t alignment) const noexcept {
+    if (registry) registry->remove(p);
     HostResource{huge_pages}.deallocate(p, bytes, alignment);
   }
 };
@@ -155,14 +197,22 @@ class Worker {
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
-  void push(const Task& t) {
+  /// @brief Queues @p t; returns its ticket (for `wait`).
+  std::uint64_t push(const Task& t) {
+    std::uint64_t ticket = 0;
     {
       std::unique_lock lock(mutex_);
       changed_.wait(lock, [&] { return issued_ - finished_ < capacity; });
       ring_[issued_ % capacity] = t;
-      ++issued_;
+      ticket = ++issued_;
     }
     changed_.notify_all();
+    return ticket;
+  }
+  /// @brief Blocks until the task with @p ticket has completed.
+  void wait(std::uint64_t ticket) {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return finished_ >= ticket; });
   }
   void drain() {
     std::unique_lock lock(mutex_);
@@ -270,7 +320,7 @@ class EmulatedDeviceBackend {
   };
 
   explicit EmulatedDeviceBackend(const cpu::CpuConfig& host = {}, const Config& config = {})
-      : config_(config), device_(config.memory_bytes), pinned_{host.huge_pages},
+      : config_(config), device_(config.memory_bytes), pinned_{host.huge_pages, registry_},
         device_simd_(resolve_simd(config.simd)) {}
 
   /// @brief Always: the emulated device exists wherever the host does.
@@ -283,11 +333,18 @@ class EmulatedDeviceBackend {
   Event make_event() const { return Event(0); }
 
   void copy_h2d(void* dst, const void* src, std::size_t bytes, Stream& s) {
-    push_copy(dst, src, bytes, h2d_link_, config_.h2d_bandwidth, s);
+    push_copy(dst, src, bytes, h2d_link_, config_.h2d_bandwidth, s, src);
   }
   void copy_d2h(void* dst, const void* src, std::size_t bytes, Stream& s) {
-    push_copy(dst, src, bytes, config_.duplex ? d2h_link_ : h2d_link_, config_.d2h_bandwidth, s);
+    push_copy(dst, src, bytes, config_.duplex ? d2h_link_ : h2d_link_, config_.d2h_bandwidth, s, dst);
   }
+  /// @brief Copies from and to [@p p, @p p + @p bytes) become asynchronous, as after
+  ///        cudaHostRegister. Always succeeds.
+  bool register_host(const void* p, std::size_t bytes) {
+    registry_->add(p, bytes);
+    return true;
+  }
+  void unregister_host(const void* p) noexcept { registry_->remove(p); }
   /// @brief Runs Adam over @p segments; the span must stay valid until it completes.
   void launch_adam(std::span<const DeviceSegment> segments, Stream& s) {
     emulated::Task t;
@@ -346,7 +403,8 @@ class EmulatedDeviceBackend {
     }
     s.worker()->push(t);
   }
-  void push_copy(void* dst, const void* src, std::size_t bytes, emulated::Link& link, double bandwidth, Stream& s) {
+  void push_copy(void* dst, const void* src, std::size_t bytes, emulated::Link& link, double bandwidth, Stream& s,
+                 const void* host) {
     emulated::Task t;
     t.kind = emulated::Task::Kind::copy;
     t.dst = dst;
@@ -354,10 +412,13 @@ class EmulatedDeviceBackend {
     t.bytes = bytes;
     t.link = &link;
     t.bandwidth = bandwidth;
-    s.worker()->push(t);
+    const std::uint64_t ticket = s.worker()->push(t);
+    // Pageable memory: CUDA stages the copy, and the issuing thread waits for it.
+    if (config_.pageable_copies_block && !registry_->covers(host, bytes)) s.worker()->wait(ticket);
   }
 
   Config config_;
+  std::shared_ptr<emulated::HostRegistry> registry_ = std::make_shared<emulated::HostRegistry>();
   emulated::DeviceMemory device_;
   emulated::PinnedMemory pinned_;
   SimdLevel device_simd_;

@@ -6,7 +6,7 @@
 /// One thread updates four consecutive elements. Its fp32 arrays (master, m, v,
 /// vmax, and fp32 values or gradients) are read and written with 16-byte vector
 /// accesses when the four elements are 16-byte aligned, its 16-bit arrays with
-/// 8-byte ones; otherwise element by element. A launch carries up to
+/// 8-byte ones; otherwise element by element, each array on its own. A launch carries up to
 /// `segments_per_launch` segment descriptors by value, and each block finds its
 /// segment from the block offsets, so many small tensors cost one launch.
 ///
@@ -22,12 +22,12 @@
 #include "dos/cuda/kernels.hpp"
 #include "dos/optim/coefficients.hpp"
 
+#include <cub/device/device_reduce.cuh>
 #include <cuda_runtime.h>
-#include <thrust/execution_policy.h>
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/transform_reduce.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 namespace dos::cuda::device {
@@ -122,22 +122,22 @@ __device__ __forceinline__ void update(const DeviceSegment& s, std::size_t begin
   float* const vmax_ = Amsgrad ? a.max_exp_avg_sq + begin : nullptr;
   const AdamCoefficients<float>& k = s.coefficients;
   if (end - begin == 4) {
-    const bool vec = aligned(param) && aligned(grad) && aligned(m_) && aligned(v_) &&
-                     (!HasMaster || aligned(master)) && (!Amsgrad || aligned(vmax_));
+    // Each array decides for itself: one misaligned array (a gradient at an odd offset)
+    // takes the element path alone, the others keep their vector accesses.
     float p[4], g[4], m[4], v[4], vmax[4] = {0, 0, 0, 0};
-    if constexpr (HasMaster) load4(master, p, vec);
-    else load4(param, p, vec);
-    load4(grad, g, vec);
-    load4(m_, m, vec);
-    load4(v_, v, vec);
-    if constexpr (Amsgrad) load4(vmax_, vmax, vec);
+    if constexpr (HasMaster) load4(master, p, aligned(master));
+    else load4(param, p, aligned(param));
+    load4(grad, g, aligned(grad));
+    load4(m_, m, aligned(m_));
+    load4(v_, v, aligned(v_));
+    if constexpr (Amsgrad) load4(vmax_, vmax, aligned(vmax_));
 #pragma unroll
     for (int i = 0; i < 4; ++i) adam_step<Amsgrad>(p[i], g[i], m[i], v[i], vmax[i], k);
-    if constexpr (HasMaster) store4(master, p, vec);
-    store4(param, p, vec);
-    store4(m_, m, vec);
-    store4(v_, v, vec);
-    if constexpr (Amsgrad) store4(vmax_, vmax, vec);
+    if constexpr (HasMaster) store4(master, p, aligned(master));
+    store4(param, p, aligned(param));
+    store4(m_, m, aligned(m_));
+    store4(v_, v, aligned(v_));
+    if constexpr (Amsgrad) store4(vmax_, vmax, aligned(vmax_));
     return;
   }
   for (std::size_t i = 0; i < end - begin; ++i) {
@@ -176,28 +176,39 @@ __global__ void __launch_bounds__(threads_per_block) adam_kernel(const __grid_co
   visit_dtype(seg.value, [&](auto p) { dispatch_grad<typename decltype(p)::type>(seg, begin, end); });
 }
 
+// One element's contribution to the gradient statistics: its square (inf and NaN stay
+// in the sum, as on the CPU: an inf gradient has an inf norm) and whether it is finite.
+struct SumSquares {
+  double sum;
+  int nonfinite;
+};
+template <class T>
 struct ElementStats {
-  const void* data;
-  DType dtype;
-  __host__ __device__ thrust::pair<double, int> operator()(std::size_t i) const {
-    float x = 0;
+  __host__ __device__ SumSquares operator()(T h) const {
+    const float x = static_cast<float>(h);
     bool nonfinite = false;
-    visit_dtype(dtype, [&](auto type) {
-      using T = typename decltype(type)::type;
-      const T h = static_cast<const T*>(data)[i];
-      x = static_cast<float>(h);
-      if constexpr (sizeof(T) == 4) nonfinite = (detail::float_bits(x) & 0x7F800000u) == 0x7F800000u;
-      else nonfinite = (h.bits & (std::is_same_v<T, bf16> ? 0x7F80u : 0x7C00u)) == (std::is_same_v<T, bf16> ? 0x7F80u : 0x7C00u);
-    });
-    const double d = x;  // inf and NaN stay in the sum, as on the CPU: an inf gradient has an inf norm
+    if constexpr (sizeof(T) == 4) nonfinite = (detail::float_bits(x) & 0x7F800000u) == 0x7F800000u;
+    else {
+      constexpr std::uint16_t exponent = std::is_same_v<T, bf16> ? 0x7F80u : 0x7C00u;
+      nonfinite = (h.bits & exponent) == exponent;
+    }
+    const double d = x;
     return {d * d, nonfinite ? 1 : 0};
   }
 };
 struct AddStats {
-  __host__ __device__ thrust::pair<double, int> operator()(thrust::pair<double, int> a, thrust::pair<double, int> b) const {
-    return {a.first + b.first, a.second + b.second};
+  __host__ __device__ SumSquares operator()(SumSquares a, SumSquares b) const {
+    return {a.sum + b.sum, a.nonfinite + b.nonfinite};
   }
 };
+
+// CUB's reduction of @p count elements of type T; with null @p scratch it only sizes it.
+template <class T>
+cudaError_t reduce(void* scratch, std::size_t& bytes, const void* data, std::size_t count, SumSquares* out,
+                   cudaStream_t stream) {
+  return cub::DeviceReduce::TransformReduce(scratch, bytes, static_cast<const T*>(data), out, count, AddStats{},
+                                            ElementStats<T>{}, SumSquares{0.0, 0}, stream);
+}
 
 }  // namespace dos::cuda::device
 
@@ -217,19 +228,54 @@ void launch_adam(std::span<const DeviceSegment> segments, cudaStream_t stream) {
     }
     batch.first_block[batch.count] = blocks;
     if (blocks == 0) continue;
-    // An earlier, unrelated failure would otherwise be reported as this launch's.
-    (void)cudaGetLastError();
+    // An earlier asynchronous failure would otherwise be reported as this launch's:
+    // report it as what it is (and clear it) before launching.
+    check(cudaGetLastError(), "an earlier CUDA operation (its error was pending before an Adam launch)");
     adam_kernel<<<blocks, threads_per_block, 0, stream>>>(batch);
     DOS_CUDA_CHECK(cudaGetLastError());
   }
 }
 
-GradStats grad_stats(const void* data, DType dtype, std::size_t count, cudaStream_t stream) {
+// CUB's scratch for a reduction depends on its grid, which is capped, not on the count
+// beyond that: sized here for the largest count a tensor can have, once.
+GradReduction::GradReduction() {
   using namespace device;
-  const auto r = thrust::transform_reduce(thrust::cuda::par.on(stream), thrust::counting_iterator<std::size_t>(0),
-                                          thrust::counting_iterator<std::size_t>(count), ElementStats{data, dtype},
-                                          thrust::pair<double, int>(0.0, 0), AddStats{});
-  return {r.first, r.second != 0};
+  constexpr std::size_t largest = std::size_t{1} << 40;
+  for (const DType t : {DType::f32, DType::bf16, DType::f16}) {
+    std::size_t bytes = 0;
+    visit_dtype(t, [&](auto type) {
+      DOS_CUDA_CHECK(reduce<typename decltype(type)::type>(nullptr, bytes, nullptr, largest, nullptr, nullptr));
+    });
+    scratch_bytes_ = std::max(scratch_bytes_, bytes);
+  }
+  DOS_CUDA_CHECK(cudaMalloc(&scratch_, scratch_bytes_));
+  DOS_CUDA_CHECK(cudaMalloc(&result_, sizeof(SumSquares)));
+  DOS_CUDA_CHECK(cudaHostAlloc(&host_, sizeof(SumSquares), cudaHostAllocDefault));
+}
+
+GradReduction::~GradReduction() {
+  cudaFreeHost(host_);
+  cudaFree(result_);
+  cudaFree(scratch_);
+}
+
+GradStats GradReduction::operator()(const void* data, DType dtype, std::size_t count, cudaStream_t stream) {
+  using namespace device;
+  auto* out = static_cast<SumSquares*>(result_);
+  visit_dtype(dtype, [&](auto type) {
+    using T = typename decltype(type)::type;
+    std::size_t bytes = 0;
+    DOS_CUDA_CHECK(reduce<T>(nullptr, bytes, data, count, out, stream));
+    if (bytes > scratch_bytes_)
+      throw cuda_error("dos: the gradient reduction needs " + std::to_string(bytes) + " bytes of scratch, " +
+                       std::to_string(scratch_bytes_) + " were allocated");
+    bytes = scratch_bytes_;
+    DOS_CUDA_CHECK(reduce<T>(scratch_, bytes, data, count, out, stream));
+  });
+  DOS_CUDA_CHECK(cudaMemcpyAsync(host_, out, sizeof(SumSquares), cudaMemcpyDeviceToHost, stream));
+  DOS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const SumSquares r = *static_cast<const SumSquares*>(host_);
+  return {r.sum, r.nonfinite != 0};
 }
 
 }  // namespace dos::cuda

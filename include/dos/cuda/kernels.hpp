@@ -22,7 +22,28 @@ inline constexpr std::size_t segments_per_launch = 16;
 ///        `segments_per_launch` segments, on @p stream. Returns at once.
 void launch_adam(std::span<const DeviceSegment> segments, cudaStream_t stream);
 
-/// @brief One fused reduction (Thrust on @p stream) over @p count elements; blocks.
-GradStats grad_stats(const void* data, DType dtype, std::size_t count, cudaStream_t stream);
+/// @brief The gradient statistics of device memory: one fused CUB reduction. Its device
+///        scratch and its pinned result are allocated once, at construction, on the
+///        current device: a reduction allocates and frees nothing (a `cudaFree` would
+///        synchronise the whole device, inside backward). Failures throw `cuda_error`.
+///        One reduction at a time: the scratch is shared.
+class GradReduction {
+ public:
+  /// @throws cuda_error when the allocations fail.
+  GradReduction();
+  ~GradReduction();
+  GradReduction(const GradReduction&) = delete;
+  GradReduction& operator=(const GradReduction&) = delete;
+
+  /// @brief Sum of squares and non-finite check of @p count elements at @p data, on
+  ///        @p stream; blocks until the result is on the host.
+  GradStats operator()(const void* data, DType dtype, std::size_t count, cudaStream_t stream);
+
+ private:
+  void* scratch_ = nullptr;
+  std::size_t scratch_bytes_ = 0;
+  void* result_ = nullptr;  // device
+  void* host_ = nullptr;    // pinned
+};
 
 }  // namespace dos::cuda

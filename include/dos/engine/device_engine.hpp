@@ -14,6 +14,7 @@
 #include "dos/backend/device_backend.hpp"
 #include "dos/cpu/executor.hpp"
 #include "dos/engine/calibrate.hpp"
+#include "dos/engine/host_registration.hpp"
 #include "dos/engine/interleave_options.hpp"
 #include "dos/engine/plan_executor.hpp"
 #include "dos/engine/subgroup_io.hpp"
@@ -46,7 +47,8 @@ class DeviceEngine {
 
   /// @throws std::invalid_argument for an invalid policy.
   DeviceEngine(B& backend, E& cpu, Store& store, ParamTable& params, ValueIo<B>& values, const InterleaveOptions& o)
-      : b_(backend), cpu_(cpu), store_(store), params_(params), values_(values), options_(o), policy_(o.policy) {
+      : b_(backend), cpu_(cpu), store_(store), params_(params), values_(values), options_(o),
+        host_views_(backend, params.size()), policy_(o.policy) {
     policy_.validate();
     if (!backend.available()) return;
     // Measure first: calibration borrows device memory the pool may take next.
@@ -69,6 +71,7 @@ class DeviceEngine {
     reserve_plans(n);
     fetched_.assign(store.segments().size(), 0);
     refresh_all(false);
+    host_views_.update(params);
     // Residents take the device memory the staging slots leave.
     const std::size_t staging = slots_for(n, slot_bytes) * slot_bytes;
     residency_request_ = {available > staging ? available - staging : 0, {staging, slots_for(n, slot_bytes)}};
@@ -147,6 +150,7 @@ class DeviceEngine {
       return;
     }
     refresh_all(true);
+    host_views_.update(params_);  // before any copy of them is issued
     StepTimeline& t = timeline_;
     if (!planned_) choose(t.plan);
     t.predicted_seconds = model_->predict(t.plan, &t.predicted);
@@ -265,6 +269,7 @@ class DeviceEngine {
   ParamTable& params_;
   ValueIo<B>& values_;
   InterleaveOptions options_;
+  HostRegistration<B> host_views_;  // outlives the executor, whose copies use the views
   AnyPolicy policy_;
   std::optional<Model> model_;
   std::vector<typename Executor::Io> io_;

@@ -17,8 +17,6 @@
 //                                       [--links 0.3,0.6,1,2] [--trace]
 // --trace prints the automatic policy's k step by step (E: an exploring step).
 
-#include "support/emulated_machine.hpp"
-
 #include <dos/optimizer.hpp>
 
 #include <fmt/core.h>
@@ -101,7 +99,7 @@ struct RunResult {
   std::uint32_t k = 0;  // the automatic policy's last choice
 };
 
-RunResult run_once(const dos::bench::Machine& m, std::size_t elements, const std::vector<float>& grad,
+RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::vector<float>& grad,
                    const Settings& s, bool trace) {
   std::vector<Contender> cs;
   cs.push_back({"all_cpu", dos::AllCpu{}, {}, {}, {}, 0});
@@ -172,7 +170,7 @@ int main(int argc, char** argv) {
              "rts/sf", "settled steps", "final k");
   bool met = true;
   for (const double link : s.links) {
-    const dos::bench::Machine m = dos::bench::emulated_machine(link);
+    const dos::EmulatedLink m = dos::emulated_link(link);
     for (const double size : s.sizes) {
       const auto elements = static_cast<std::size_t>(size * (1 << 20));
       const std::vector<float> grad(elements, 1e-3f);

@@ -16,8 +16,6 @@
 #include <benchmark/benchmark.h>
 #include <dos/optimizer.hpp>
 
-#include "support/emulated_machine.hpp"
-
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -40,8 +38,8 @@ double link_ratio() {
   return 0.6;
 }
 
-const dos::bench::Machine& machine() {
-  static const dos::bench::Machine m = dos::bench::emulated_machine(link_ratio());
+const dos::EmulatedLink& machine() {
+  static const dos::EmulatedLink m = dos::emulated_link(link_ratio());
   return m;
 }
 
@@ -99,7 +97,7 @@ int main(int argc, char** argv) {
   register_all();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  const dos::bench::Machine& m = machine();
+  const dos::EmulatedLink& m = machine();
   fmt::print(stderr,
              "calibrated: cpu {:.0f}M params/s (1 thread), link {:.2f} GB/s each way (throttle {:.2f}), device {:.0f}M "
              "params/s, duplex {}\n",

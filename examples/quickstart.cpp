@@ -1,13 +1,23 @@
 // Quickstart: the optimizer step of GPT-2 small (124M parameters) on the CPU, as
-// ZeRO-Offload runs it, with dos.
+// ZeRO-Offload runs it, with dos; then the method itself, the same kind of update
+// split between the CPU and a device.
 //
 // The parameters have GPT-2 small's tensor shapes, in two groups (weight decay on
 // the matrices, none on biases and norms); gradients are synthetic. Ten steps with a
 // warmup + cosine learning rate, then the update rate against this machine's memory
 // bandwidth limit for an Adam-shaped loop (28 bytes per parameter).
+//
+// Then 16M parameters in 16 subgroups, updated all on the CPU and interleaved with
+// a device by the automatic policy, in alternating steps. On a GPU (a build with
+// dos::cuda, on a machine with one) the device is the GPU; elsewhere it is the
+// emulated device, its link throttled to 0.6x the CPU's parameter rate, as PCIe is
+// next to a node's CPUs.
 
 #include <dos/cpu/bandwidth_probe.hpp>
 #include <dos/optimizer.hpp>
+#ifdef DOS_QUICKSTART_CUDA
+#include <dos/backend/cuda.hpp>
+#endif
 
 #include <fmt/format.h>
 
@@ -77,6 +87,49 @@ double bandwidth_limit(dos::ThreadPool& pool) {
   return static_cast<double>(n) / best;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// All-CPU against the automatic policy on @p Backend, in alternating steps; prints the
+// steps' update times, the k chosen and the speed-up.
+template <class Backend>
+void interleave(const std::string& device, dos::Options options, const typename Backend::Config& config) {
+  constexpr std::size_t n = std::size_t{16} << 20, subgroup = std::size_t{1} << 20;
+  constexpr int steps = 30;
+  const std::vector<float> grad(n, 1e-3f);
+  std::vector<float> a(n, 0.5f), b(n, 0.5f);
+  const auto params = [&](std::vector<float>& values) {
+    std::vector<dos::HostParam<float>> out;
+    for (std::size_t off = 0; off < n; off += subgroup)
+      out.push_back({std::span(values).subspan(off, subgroup), std::span(grad).subspan(off, subgroup)});
+    return out;
+  };
+  options.subgroup_elements = subgroup;
+  options.interleave.policy = dos::AllCpu{};
+  dos::InterleavedOptimizer<Backend> all_cpu(params(a), dos::AdamW{}, options, config);
+  options.interleave.policy = dos::AutomaticStride{};
+  dos::InterleavedOptimizer<Backend> automatic(params(b), dos::AdamW{}, options, config);
+  fmt::print("\ninterleaving with {}: 16M parameters in 16 subgroups, {} steps each, alternating\n", device, steps);
+  std::vector<double> cpu_times, auto_times;
+  std::string ks;
+  for (int step = 0; step < steps; ++step) {
+    cpu_times.push_back(all_cpu.step().update_seconds);
+    const dos::StepReport r = automatic.step();
+    auto_times.push_back(r.update_seconds);
+    ks += fmt::format(" {}{}", r.stride, r.explored ? "?" : "");
+  }
+  // The last third: the automatic policy has tried its candidates by then.
+  cpu_times.erase(cpu_times.begin(), cpu_times.begin() + 2 * steps / 3);
+  auto_times.erase(auto_times.begin(), auto_times.begin() + 2 * steps / 3);
+  fmt::print("k chosen step by step (0: all-CPU; ?: the policy tried it to measure it):{}\n", ks);
+  fmt::print("all-CPU {:.1f} ms, interleaved {:.1f} ms (medians of the last {} steps): {:.2f}x\n",
+             median(cpu_times) * 1e3, median(auto_times) * 1e3, cpu_times.size(),
+             median(cpu_times) / median(auto_times));
+  fmt::print("last step: {}\n", dos::summary(automatic.timeline()));
+}
+
 }  // namespace
 
 int main() {
@@ -123,5 +176,18 @@ int main() {
              rate * dos::adam_bytes_per_element / 1e9);
   fmt::print("memory-bandwidth limit (Adam-shaped probe, {} threads): {:.1f}M params/s\n", pool.size(), limit / 1e6);
   fmt::print("fraction of the limit reached: {:.2f}\n", rate / limit);
+
+  // The interleaved update: the CPU lane on one thread, the device beside it.
+  dos::Options one_thread{.threads = 1};
+#ifdef DOS_QUICKSTART_CUDA
+  if (dos::cuda::unavailable_reason().empty()) {
+    interleave<dos::CudaBackend>("the GPU", one_thread, {});
+    return 0;
+  }
+  fmt::print("\nno usable GPU ({}); the emulated device stands in\n", dos::cuda::unavailable_reason());
+#endif
+  const dos::EmulatedLink link = dos::emulated_link(0.6);
+  one_thread.interleave.profile = link.profile;
+  interleave<dos::EmulatedDeviceBackend>("the emulated device (link at 0.6x the CPU's rate)", one_thread, link.device);
   return 0;
 }

@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 #include <dos/backend/emulated_device.hpp>
+#include <dos/engine/value_io.hpp>
 #include <dos/optim/adam.hpp>
 #include <dos/memory/device_buffer.hpp>
 #include <dos/memory/host_resource.hpp>
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 using namespace dos;
@@ -181,4 +183,40 @@ TEST_CASE("grad_stats reduces device memory: sum of squares and non-finite flag"
   b.copy_h2d(d.data(), ok.data(), 64, s);
   b.synchronize(s);
   CHECK(b.grad_stats(d.data(), DType::f32, 16).nonfinite);
+}
+
+TEST_CASE("ValueIo reads and writes device values through bounded pinned staging, in parallel, bit for bit") {
+  // Defect 10: the fp32 master of a bf16 device tensor was read through pageable
+  // staging as large as the tensor, converted on one thread.
+  EmulatedDeviceBackend b;
+  using Io = engine::ValueIo<EmulatedDeviceBackend>;
+  const std::size_t n = Io::staging_chunk_bytes / 2 * 2 + 1234;  // two full chunks and a tail
+  std::vector<bf16> host(n);
+  for (std::size_t i = 0; i < n; ++i) host[i] = bf16(std::sin(static_cast<float>(i) * 1e-3f) * 3.0f);
+  DeviceBuffer<emulated::DeviceMemory> dev(n * 2, b.device_memory());
+  std::memcpy(dev.data(), host.data(), n * 2);
+  std::size_t parallel_calls = 0;
+  Io io(b, [&](std::size_t blocks, FunctionRef<void(std::size_t)> body) {
+    ++parallel_calls;
+    std::vector<std::thread> pool;
+    for (std::size_t t = 0; t < 3; ++t)
+      pool.emplace_back([&, t] {
+        for (std::size_t i = t; i < blocks; i += 3) body(i);
+      });
+    for (auto& th : pool) th.join();
+  });
+  const TensorView v{dev.data(), n, DType::bf16, Device::device};
+  std::vector<float> out(n - 7);
+  io.read(v, 7, out);
+  CHECK(parallel_calls == 2);  // two full chunks; the short tail is converted inline
+  CHECK(io.staging_bytes() == Io::staging_chunk_bytes);
+  bool same = true;
+  for (std::size_t i = 0; i < out.size(); ++i) same &= out[i] == static_cast<float>(host[i + 7]);
+  CHECK(same);
+  // Back, rounded: the device holds the same bits again, the staging no larger.
+  std::vector<bf16> poisoned(n, bf16(0.0f));
+  std::memcpy(dev.data(), poisoned.data(), n * 2);
+  io.write(v, 7, out);
+  CHECK(io.staging_bytes() == Io::staging_chunk_bytes);
+  CHECK(std::memcmp(static_cast<const std::byte*>(dev.data()) + 14, host.data() + 7, (n - 7) * 2) == 0);
 }

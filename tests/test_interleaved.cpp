@@ -234,36 +234,16 @@ TEST_CASE("a value or gradient that moves between places is rejected before any 
 }
 
 TEST_CASE("checkpoints: read_state and write_state round-trip device, mirrored and resident state") {
-  const auto specs = test::one_per_subgroup(6, 128, 21);
-  MixedModel a(specs, two_groups), b(specs, two_groups);
-  DeviceOptimizer first(a.groups(), device_options(StaticFraction{0.5}, 128));
-  for (int t = 1; t <= 5; ++t) {
-    a.set_gradients(t);
-    first.step();
-  }
-  DeviceOptimizer second(b.groups(), device_options(FixedStride{2}, 128));
-  const auto order = a.optimizer_order();
-  for (std::size_t p = 0; p < first.num_params(); ++p) {
-    std::vector<float> tmp(first.param_numel(p));
-    for (auto kind : {StateKind::master, StateKind::exp_avg, StateKind::exp_avg_sq}) {
-      first.read_state(p, kind, tmp);
-      second.write_state(p, kind, tmp);
-    }
-    if (first.hyperparameters(specs[order[p]].group).amsgrad) {
-      first.read_state(p, StateKind::max_exp_avg_sq, tmp);
-      second.write_state(p, StateKind::max_exp_avg_sq, tmp);
-    }
-  }
-  second.set_step_count(first.step_count());
-  CHECK(a.value_bytes() == b.value_bytes());
-  for (int t = 6; t <= 10; ++t) {
-    a.set_gradients(t);
-    b.set_gradients(t);
-    first.step();
-    second.step();
-  }
-  CHECK(a.value_bytes() == b.value_bytes());
-  CHECK(same_bits(all_state(first), all_state(second)));
+  test::check_state_transfer(test::one_per_subgroup(6, 128, 21), StaticFraction{0.5}, FixedStride{2}, 128, 5);
+}
+
+TEST_CASE("loss scaling with device gradients: growth, an overflow in a device gradient, back-off; the CPU's bits") {
+  // The path the GPU tests take with CudaBackend (statistics from grad_stats).
+  const auto reports = test::compare_trajectories(test::one_per_subgroup(6, 256, 12), FixedStride{2}, 256, 2, 12, 6,
+                                                  {.loss_scaling = LossScaling{.init_scale = 1024, .growth_interval = 3},
+                                                   .overflow_at = 7});
+  CHECK(reports[3].loss_scale == 2048);  // grown after three clean steps
+  CHECK(reports[6].overflow);
 }
 
 TEST_CASE("skip_step sees non-finite gradients on the device and changes nothing") {

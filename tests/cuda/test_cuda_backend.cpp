@@ -1,7 +1,8 @@
 // The CUDA backend on a real GPU: streams and events, the Adam kernel against the CPU
 // executor bit for bit (every value/gradient type, amsgrad, unaligned and tiny
 // segments, many segments per launch), the gradient reduction, and the interleaved
-// optimizer against CpuOptimizer over 50 steps. Without a GPU every case is skipped:
+// optimizer against CpuOptimizer over 50 steps, with clipping and loss scaling, and
+// read_state/write_state between two optimizers. Without a GPU every case is skipped:
 // the process exits with 77, which CTest reports as skipped, not passed.
 
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -250,6 +251,30 @@ TEST_CASE("on the GPU: clipping through the device reduction, and begin_backward
                                                                            {.max_grad_norm = 0.05, .backward_api = true});
     for (std::size_t i = 0; i < early.size(); ++i) CHECK(early[i].grad_norm == clipped[i].grad_norm);
   }
+}
+
+TEST_CASE("on the GPU: loss scaling through grad_stats (growth, an overflow in a device gradient, back-off)") {
+  // The overflow check and the unscaled norm of device gradients come from the CUB
+  // reduction: the scale, the skipped step and the state must be the CPU optimizer's.
+  const auto specs = test::one_per_subgroup(6, 4096, 12);
+  for (const AnyPolicy& policy : {AnyPolicy(FixedStride{2}), AnyPolicy(ResidentThenStride{})}) {
+    CAPTURE(policy.name());
+    for (const bool early : {false, true}) {
+      CAPTURE(early);
+      const auto reports = test::compare_trajectories<CudaBackend, CudaAccess>(
+          specs, policy, 4096, 2, 12, 6,
+          {.max_grad_norm = 0.05, .backward_api = early,
+           .loss_scaling = LossScaling{.init_scale = 1024, .growth_interval = 3}, .overflow_at = 7});
+      CHECK(reports[3].loss_scale == 2048);
+      CHECK(reports[6].overflow);
+    }
+  }
+}
+
+TEST_CASE("on the GPU: read_state/write_state move device, mirrored and resident state between optimizers") {
+  const auto specs = test::one_per_subgroup(6, 4096, 21);
+  test::check_state_transfer<CudaBackend, CudaAccess>(specs, StaticFraction{0.5}, FixedStride{2}, 4096, 5);
+  test::check_state_transfer<CudaBackend, CudaAccess>(specs, ResidentThenStride{}, AllCpu{}, 4096, 5);
 }
 
 int main(int argc, char** argv) {

@@ -9,34 +9,47 @@
 #     executor bit for bit, early fetch, clipping and loss scaling on device gradients);
 #  4. bench: bench_cuda's figures, each against its reference (tests/device/summary.py
 #     lists them);
-#  5. train_gpt: not built by this script yet (its figures are null, with that reason).
+#  5. train_gpt: examples/train_gpt built in its own tree against the libtorch of
+#     python3's torch (torch.utils.cmake_prefix_path) and dos::cuda, then trained on the
+#     GPU twice, same model, data and seed: with dos (CudaBackend) and with
+#     torch::optim::AdamW; each run's final loss and time per step (first step left out).
+#     Skipped, with the reason, without a GPU (so in a dry run) or without torch.
 # After every part OUT/summary.json is rewritten, so a run cut at any point returns what
 # it measured; every part has a time limit. Output is unbuffered.
 #
-#   bash tests/device/check.sh [--dry-run] [--out DIR] [--deps DIR]
+#   bash tests/device/check.sh [--dry-run] [--out DIR] [--deps DIR] [--build DIR]
+#                              [--train-gpt-only | --no-train-gpt]
 #     --dry-run  for a machine without a GPU: build, run what can run, write every key
 #                (GPU figures null, with the reason); exit 0 when that worked
 #     --out DIR  where summary.json goes (default $OUT where set, else build/device)
 #     --deps DIR prepare.sh's folder (default build/device-deps; used when it exists)
 #     --build DIR the build tree (default build/device, build/device-dry for a dry run)
+#     --train-gpt-only  parts 1 and 5 only, with the whole budget (a second call, so that
+#                each call stays under 10 minutes); --no-train-gpt: parts 1 to 4
 #   DOS_CHECK_PARAMS=5e8 for a smaller hybrid update (default 2e9 device parameters)
+#   DOS_CHECK_GPT_STEPS=N train_gpt's steps per optimizer (default 200)
+# Parts run in order within DOS_CHECK_BUDGET_S (default 470 s): train_gpt, last, gets
+# what is left of it (its build alone can take a few minutes).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-dry=0 out="${OUT:-build/device}" deps=build/device-deps build=
+dry=0 out="${OUT:-build/device}" deps=build/device-deps build= parts_1_4=1 part_5=1
 while (($#)); do
   case "$1" in
     --dry-run) dry=1 ;;
     --out) out="$2"; shift ;;
     --deps) deps="$2"; shift ;;
     --build) build="$2"; shift ;;
-    *) echo "usage: check.sh [--dry-run] [--out DIR] [--deps DIR] [--build DIR]" >&2; exit 2 ;;
+    --train-gpt-only) parts_1_4=0 ;;
+    --no-train-gpt) part_5=0 ;;
+    *) echo "usage: check.sh [--dry-run] [--out DIR] [--deps DIR] [--build DIR] [--train-gpt-only | --no-train-gpt]" >&2
+       exit 2 ;;
   esac
   shift
 done
 # A dry run never disturbs a real run's build.
 [[ -n $build ]] || build=$( ((dry)) && echo build/device-dry || echo build/device)
 mkdir -p "$out/parts"
-rm -f "$out"/parts/*.json "$out/bench.json" "$out/train_gpt.json" "$out/summary.json"
+rm -f "$out"/parts/*.json "$out/bench.json" "$out/train_gpt.json" "$out"/train_gpt_*.summary.json "$out/summary.json"
 start=$(date +%s)
 total_budget=${DOS_CHECK_BUDGET_S:-470}  # the whole check, under 8 minutes
 elapsed() { echo $(( $(date +%s) - start )); }
@@ -69,13 +82,15 @@ status_of() {  # exit status -> part status
 }
 
 # 1. env
-gpu=null gpu_reason=null toolkit=null toolkit_reason=null
+gpu=null gpu_reason=null toolkit=null toolkit_reason=null no_gpu=""
 if ! command -v nvidia-smi >/dev/null; then
-  name="nvidia-smi not found"; false
+  no_gpu="no GPU: nvidia-smi not found"
+  gpu_reason=$(json_str "$no_gpu"); echo "check: NO GPU: nvidia-smi not found"
 elif name=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1) && [[ -n $name ]]; then
   gpu=$(json_str "$name"); echo "check: GPU: $name"
 else
-  gpu_reason=$(json_str "no GPU: ${name:-nvidia-smi found none}"); echo "check: NO GPU: ${name:-nvidia-smi found none}"
+  no_gpu="no GPU: ${name:-nvidia-smi found none}"
+  gpu_reason=$(json_str "$no_gpu"); echo "check: NO GPU: ${name:-nvidia-smi found none}"
 fi
 nvcc=$(command -v nvcc || { [[ -x /usr/local/cuda/bin/nvcc ]] && echo /usr/local/cuda/bin/nvcc; } || true)
 if [[ -n $nvcc ]]; then
@@ -86,12 +101,13 @@ else
   echo "check: NO CUDA TOOLKIT: nvcc is neither on PATH nor at /usr/local/cuda/bin" >&2
 fi
 deps_used=system
-cmake_deps=()
+cmake_deps=() deps_prefix=""
 if [[ -e $deps/READY ]]; then
   deps_abs=$(cd "$deps" && pwd)
   # Named one by one, so the folder is used even where CMake's own search would not
   # look under lib/<arch> (no CMAKE_LIBRARY_ARCHITECTURE); the system's fmt is not.
-  cmake_deps=(-DCMAKE_PREFIX_PATH="$deps_abs/root/usr" -Dfmt_DIR="$deps_abs/fmt-header-only"
+  deps_prefix="$deps_abs/root/usr"
+  cmake_deps=(-Dfmt_DIR="$deps_abs/fmt-header-only"
               -Ddoctest_DIR="$(dirname "$(ls "$deps_abs"/root/usr/lib/cmake/doctest/doctestConfig.cmake)")"
               -Dbenchmark_DIR="$(dirname "$(ls "$deps_abs"/root/usr/lib/*/cmake/benchmark/benchmarkConfig.cmake)")")
   deps_used=$deps
@@ -119,8 +135,10 @@ if [[ -z $nvcc ]]; then
 else
   cuda_args+=(-DCMAKE_CUDA_COMPILER="$nvcc")
 fi
+if ((parts_1_4)); then
 run configure 120 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DDOS_BUILD_EXAMPLES=OFF \
-  -DDOS_BUILD_BENCHMARKS=ON -DDOS_WITH_TORCH=OFF -DDOS_INSTALL=OFF "${cuda_args[@]}" "${cmake_deps[@]}"
+  -DDOS_BUILD_BENCHMARKS=ON -DDOS_WITH_TORCH=OFF -DDOS_INSTALL=OFF "${cuda_args[@]}" "${cmake_deps[@]}" \
+  -DCMAKE_PREFIX_PATH="$deps_prefix"
 if ((rc == 0)); then
   t_conf=$took
   run build 300 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
@@ -157,9 +175,85 @@ else
   bench_rc=$rc
   part "$(status_of $rc)" bench "$took" "$rc" "$( ((rc == 77)) && echo "no GPU")"
 fi
+else
+  build_rc=0 tests_rc=0 bench_rc=0
+  for p in build gpu_tests bench; do part skipped "$p" 0 null "not asked (--train-gpt-only)"; done
+fi
 
 # 5. train_gpt
-part not_done train_gpt 0 null "check.sh does not build examples/train_gpt against libtorch yet"
+gpt_rc=0
+torch_prefix=""
+((part_5)) && [[ -z $no_gpu && -n $nvcc ]] &&
+  torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>"$out/torch_import.log")
+if ((!part_5)); then
+  part skipped train_gpt 0 null "not asked (--no-train-gpt)"
+elif [[ -n $no_gpu ]]; then
+  part skipped train_gpt 0 null "$no_gpu: train_gpt is neither built nor run"
+elif [[ -z $nvcc ]]; then
+  part skipped train_gpt 0 null "no CUDA toolkit: train_gpt is neither built nor run"
+elif [[ -z $torch_prefix ]]; then
+  gpt_rc=1
+  part failed train_gpt 0 null "python3 cannot import torch, so there is no libtorch to build against: $(tail -1 "$out/torch_import.log")"
+else
+  echo "check: libtorch from $torch_prefix"
+  gpt_build="$build-gpt" gpt_gen=()
+  command -v ninja >/dev/null && gpt_gen=(-G Ninja)
+  [[ -e $gpt_build/CMakeCache.txt ]] && gpt_gen=()
+  # Its own tree: torch's CMake package must not change the GPU tests' build.
+  run gpt_configure 180 cmake -S . -B "$gpt_build" "${gpt_gen[@]}" -DCMAKE_BUILD_TYPE=Release -DDOS_BUILD_EXAMPLES=ON \
+    -DDOS_BUILD_TESTS=OFF -DDOS_BUILD_BENCHMARKS=OFF -DDOS_WITH_TORCH=ON -DDOS_INSTALL=OFF "${cuda_args[@]}" \
+    -DTORCH_CUDA_ARCH_LIST=9.0 "${cmake_deps[@]}" -DCMAKE_PREFIX_PATH="${deps_prefix:+$deps_prefix;}$torch_prefix"
+  gpt_took=$took
+  if ((rc == 0)) && ! grep -q "train_gpt can train on CUDA" "$out/gpt_configure.log"; then
+    rc=1; gpt_why="configured without --device cuda (see $out/gpt_configure.log)"
+  fi
+  if ((rc == 0)); then
+    run gpt_build 300 cmake --build "$gpt_build" -j "$(nproc)" --target train_gpt
+    gpt_took=$((gpt_took + took))
+    ((rc == 0)) || gpt_why="the build failed (see $out/gpt_build.log)"
+  else
+    gpt_why=${gpt_why:-"the configuration failed (see $out/gpt_configure.log)"}
+  fi
+  gpt_rcs=()
+  if ((rc == 0)); then
+    for opt in dos torch; do
+      run "train_gpt_$opt" 90 "$gpt_build/examples/train_gpt" --optimizer "$opt" --device cuda \
+        --steps "${DOS_CHECK_GPT_STEPS:-200}" --summary "$out/train_gpt_$opt.summary.json"
+      gpt_took=$((gpt_took + took)) gpt_rcs+=("$rc")
+      ((rc == 0)) || gpt_why+="${gpt_why:+; }--optimizer $opt exited $rc"
+    done
+    rc=0
+    for r in "${gpt_rcs[@]}"; do ((r != 0 && rc == 0)) && rc=$r; done
+  fi
+  gpt_rc=$rc
+  # The figures, or for each one missing the reason its run gave.
+  python3 - "$out" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+figures, reasons = {}, {}
+for opt in ("dos", "torch"):
+    keys = (f"train_gpt_{opt}_final_loss", f"train_gpt_{opt}_step_s")
+    try:
+        with open(os.path.join(out, f"train_gpt_{opt}.summary.json")) as f:
+            s = json.load(f)
+        figures[keys[0]], figures[keys[1]] = s["final_loss"], s["step_s"]
+    except (OSError, ValueError, KeyError):
+        why = f"train_gpt --optimizer {opt} did not run to the end"
+        try:
+            with open(os.path.join(out, f"train_gpt_{opt}.log")) as f:
+                why = next((l.strip() for l in f if l.startswith("skipped:")), why + f" (see {out}/train_gpt_{opt}.log)")
+        except OSError:
+            why = f"train_gpt --optimizer {opt} did not run (the build did not finish)"
+        for k in keys:
+            reasons[k] = why
+notes = ("time per step: the mean over every step but the first, forward, backward and optimizer, "
+         "the device synchronised before each clock reading; the same model, batches and seed for both")
+with open(os.path.join(out, "train_gpt.json.tmp"), "w") as f:
+    json.dump({"figures": figures, "reasons": reasons, "notes": notes}, f, indent=1)
+os.replace(os.path.join(out, "train_gpt.json.tmp"), os.path.join(out, "train_gpt.json"))
+PY
+  part "$(status_of $gpt_rc)" train_gpt "$gpt_took" "$gpt_rc" "${gpt_why:-}"
+fi
 
 echo "== summary ($out/summary.json), $(elapsed) s"
 cat "$out/summary.json"
@@ -169,4 +263,4 @@ if ((dry)); then
   exit $?
 fi
 [[ -n $nvcc ]] || exit 2
-((build_rc == 0 && ${tests_rc:-1} == 0 && bench_rc == 0))
+((build_rc == 0 && ${tests_rc:-1} == 0 && bench_rc == 0 && gpt_rc == 0))

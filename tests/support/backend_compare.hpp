@@ -9,6 +9,8 @@
 #include <dos/optimizer.hpp>
 
 #include <cstring>
+#include <limits>
+#include <optional>
 #include <vector>
 
 namespace dos::test {
@@ -56,7 +58,19 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
 struct Drive {
   double max_grad_norm = 0;    ///< clipping on both sides
   bool backward_api = false;   ///< begin_backward() and grad_ready() (last parameter first)
+  std::optional<LossScaling> loss_scaling{};  ///< dynamic loss scaling on both sides
+  int overflow_at = 0;  ///< this step, element 0 of the first device tensor's gradient is +inf
 };
+
+// Element @p i of a gradient, set to @p x where it lies (host or device memory).
+template <class Access>
+void store_element(void* data, DType t, Device where, std::size_t i, float x) {
+  std::byte tmp[4];
+  store_as(tmp, t, 0, x);
+  void* at = static_cast<std::byte*>(data) + i * dtype_size(t);
+  if (where == Device::host) std::memcpy(at, tmp, dtype_size(t));
+  else Access::write(at, tmp, dtype_size(t));
+}
 
 template <class Backend = EmulatedDeviceBackend, class Access = EmulatedAccess>
 std::vector<StepReport> compare_trajectories(const std::vector<TensorSpec>& specs, const AnyPolicy& policy,
@@ -67,6 +81,10 @@ std::vector<StepReport> compare_trajectories(const std::vector<TensorSpec>& spec
   reference_options.max_grad_norm = drive.max_grad_norm;
   Options options = device_options(policy, subgroup, 0);
   options.max_grad_norm = drive.max_grad_norm;
+  reference_options.loss_scaling = options.loss_scaling = drive.loss_scaling;
+  std::size_t dev_param = 0;
+  while (dev_param < specs.size() && specs[dev_param].device != Device::device) ++dev_param;
+  if (drive.overflow_at != 0) REQUIRE(dev_param < specs.size());
   CpuOptimizer reference(host.groups(), reference_options);
   InterleavedOptimizer<Backend> opt(device.groups(), options);
   if (expect_subgroups != 0) REQUIRE(opt.subgroups().size() == expect_subgroups);
@@ -76,16 +94,24 @@ std::vector<StepReport> compare_trajectories(const std::vector<TensorSpec>& spec
     if (drive.backward_api) opt.begin_backward();
     host.set_gradients(t);
     device.set_gradients(t);
+    if (t == drive.overflow_at) {
+      const float inf = std::numeric_limits<float>::infinity();
+      store_element<Access>(host.grad(dev_param), specs[dev_param].dtype, Device::host, 0, inf);
+      store_element<Access>(device.grad(dev_param), specs[dev_param].dtype, Device::device, 0, inf);
+    }
     if (drive.backward_api)
       for (std::size_t p = opt.num_params(); p-- > 0;) opt.grad_ready(p);
     if (t == 20) {
       reference.set_lr(0, 3e-3);
       opt.set_lr(0, 3e-3);
     }
-    reference.step();
-    reports.push_back(opt.step());
-    REQUIRE(reports.back().applied);
     INFO("step " << t);
+    const StepReport expected = reference.step();
+    reports.push_back(opt.step());
+    REQUIRE(reports.back().applied == expected.applied);
+    REQUIRE(reports.back().overflow == expected.overflow);
+    REQUIRE(reports.back().applied == (t != drive.overflow_at));
+    REQUIRE(opt.loss_scale() == reference.loss_scale());
     REQUIRE(host.value_bytes() == device.value_bytes());
   }
   CHECK(same_bits(all_state(reference), all_state(opt)));
@@ -98,6 +124,43 @@ std::vector<StepReport> compare_trajectories(const std::vector<TensorSpec>& spec
       CHECK(same_bits(a, b));
     }
   return reports;
+}
+
+// Runs @p steps steps on one device optimizer, moves its state with read_state and
+// write_state into a second one over a fresh model (another policy), then runs both
+// @p steps more: values and state must stay bit-identical.
+template <class Backend = EmulatedDeviceBackend, class Access = EmulatedAccess>
+void check_state_transfer(const std::vector<TensorSpec>& specs, const AnyPolicy& from, const AnyPolicy& to,
+                          std::size_t subgroup, int steps) {
+  BasicMixedModel<Access> a(specs, two_groups), b(specs, two_groups);
+  InterleavedOptimizer<Backend> first(a.groups(), device_options(from, subgroup));
+  for (int t = 1; t <= steps; ++t) {
+    a.set_gradients(t);
+    first.step();
+  }
+  InterleavedOptimizer<Backend> second(b.groups(), device_options(to, subgroup));
+  const auto order = a.optimizer_order();
+  for (std::size_t p = 0; p < first.num_params(); ++p) {
+    std::vector<float> tmp(first.param_numel(p));
+    for (auto kind : {StateKind::master, StateKind::exp_avg, StateKind::exp_avg_sq}) {
+      first.read_state(p, kind, tmp);
+      second.write_state(p, kind, tmp);
+    }
+    if (first.hyperparameters(specs[order[p]].group).amsgrad) {
+      first.read_state(p, StateKind::max_exp_avg_sq, tmp);
+      second.write_state(p, StateKind::max_exp_avg_sq, tmp);
+    }
+  }
+  second.set_step_count(first.step_count());
+  CHECK(a.value_bytes() == b.value_bytes());  // write_state(master) wrote the values too
+  for (int t = steps + 1; t <= 2 * steps; ++t) {
+    a.set_gradients(t);
+    b.set_gradients(t);
+    first.step();
+    second.step();
+  }
+  CHECK(a.value_bytes() == b.value_bytes());
+  CHECK(same_bits(all_state(first), all_state(second)));
 }
 
 inline std::vector<AnyPolicy> every_policy() {

@@ -42,15 +42,7 @@ void set_counters(benchmark::State& state, std::int64_t n) {
   state.SetBytesProcessed(state.iterations() * n * static_cast<std::int64_t>(dos::adam_bytes_per_element));
 }
 
-// The probe's arrays, 64-byte aligned so the non-temporal variant can stream.
-struct ProbeArrays {
-  explicit ProbeArrays(std::size_t n) : p(n), g(n), m(n), v(n) {
-    std::fill_n(p.data(), n, 1.0f);
-    std::fill_n(g.data(), n, 1e-3f);
-  }
-  void pass(dos::ThreadPool& pool, dos::ProbeVariant variant) { dos::adam_shaped_pass(pool, p.span(), g.span(), m.span(), v.span(), variant); }
-  dos::HostBuffer<float> p, g, m, v;
-};
+using dos::ProbeArrays;
 
 void BM_AdamShapedBandwidth(benchmark::State& state, dos::ProbeVariant variant) {
   dos::ThreadPool pool(static_cast<unsigned>(state.range(1)));

@@ -62,9 +62,8 @@ void fill(std::vector<float>& v, std::uint64_t seed, float scale) {
 // The fastest variant of the Adam-shaped probe (plain, native, non-temporal), best of
 // five each, in elements per second.
 dos::ProbeLimit bandwidth_limit(dos::ThreadPool& pool) {
-  const std::size_t n = std::size_t{1} << 24;
-  std::vector<float> p(n, 1.0f), g(n, 1e-3f), m(n, 0.0f), v(n, 0.0f);
-  return dos::measure_probe_limit(pool, p, g, m, v);
+  dos::ProbeArrays arrays(std::size_t{1} << 24);
+  return dos::measure_probe_limit(pool, arrays);
 }
 
 }  // namespace

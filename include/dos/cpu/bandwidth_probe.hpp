@@ -16,6 +16,7 @@
 #include "dos/cpu/executor.hpp"
 #include "dos/cpu/simd.hpp"
 #include "dos/cpu/thread_pool.hpp"
+#include "dos/memory/host_resource.hpp"
 
 #include <algorithm>
 #include <array>
@@ -149,18 +150,40 @@ struct ProbeLimit {
   ProbeVariant variant = ProbeVariant::plain;
 };
 
-/// @brief Runs every variant @p repetitions times over the arrays (after one pass to
-///        touch them) and returns the fastest. Allocates nothing; not for `step()`.
-inline ProbeLimit measure_probe_limit(ThreadPool& pool, std::span<float> p, std::span<const float> g,
-                                      std::span<float> m, std::span<float> v, int repetitions = 5) {
+/// @brief The probe's four arrays laid out as the optimizer's state is: one block on
+///        transparent huge pages, the arrays `cpu::stream_stagger` apart and 64-byte
+///        aligned (so the non-temporal variant streams). The probe then pays no TLB
+///        miss and no set conflict that the step does not.
+struct ProbeArrays {
+  /// @param count elements per array.
+  explicit ProbeArrays(std::size_t count)
+      : n(count), block(4 * (count + cpu::stream_stagger), HostResource{.huge_pages = true}), p(array(0)), g(array(1)),
+        m(array(2)), v(array(3)) {
+    std::fill(p.begin(), p.end(), 1.0f);
+    std::fill(g.begin(), g.end(), 1e-3f);
+  }
+  /// @brief One pass of @p variant over the arrays.
+  void pass(ThreadPool& pool, ProbeVariant variant) { adam_shaped_pass(pool, p, g, m, v, variant); }
+
+  std::size_t n;                 ///< elements per array
+  HostBuffer<float> block;       ///< the memory of all four
+  std::span<float> p, g, m, v;   ///< the arrays, inside `block`
+
+ private:
+  std::span<float> array(std::size_t k) { return block.span().subspan(k * (n + cpu::stream_stagger), n); }
+};
+
+/// @brief Runs every variant @p repetitions times over @p a (after one pass to touch
+///        it) and returns the fastest. Not for `step()`: the caller owns the arrays.
+inline ProbeLimit measure_probe_limit(ThreadPool& pool, ProbeArrays& a, int repetitions = 5) {
   ProbeLimit best;
   for (const ProbeVariant variant : probe_variants) {
-    adam_shaped_pass(pool, p, g, m, v, variant);
+    a.pass(pool, variant);
     for (int r = 0; r < repetitions; ++r) {
       const auto t = std::chrono::steady_clock::now();
-      adam_shaped_pass(pool, p, g, m, v, variant);
-      const double rate = static_cast<double>(p.size()) /
-                          std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+      a.pass(pool, variant);
+      const double rate =
+          static_cast<double>(a.n) / std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
       if (rate > best.elements_per_second) best = {rate, variant};
     }
   }

@@ -47,6 +47,13 @@ struct Chunk {
 ///        scheduling, small enough to balance two to a hundred threads.
 inline constexpr std::size_t chunk_elements = std::size_t{1} << 15;
 
+/// @brief Padding, in floats, between large arrays that one loop streams together
+///        (one page and one cache line). Arrays a power of two apart ran 3-4x slower
+///        at 64M elements on a 2-vCPU EPYC VM (cache-set and DRAM-bank conflicts); a
+///        page and a line apart, at full speed. `StateStore` pads large subgroups' state
+///        arrays by it, and the bandwidth probe lays its arrays out the same way.
+inline constexpr std::size_t stream_stagger = (4096 + 64) / sizeof(float);
+
 /// @brief Bytes of memory traffic per element of a segment's update: read the
 ///        gradient; read and write m, v (and vmax); read and write the value, or read
 ///        and write the master and write (streamed) the value. 28 for fp32 and for

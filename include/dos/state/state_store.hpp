@@ -43,14 +43,13 @@ using ValueReader = FunctionRef<void(const TensorView&, std::size_t, std::span<f
 template <MemoryResource Pinned>
 class StateStore {
  public:
-  /// @brief Elements of padding at the end of each state array (one page and one cache
-  ///        line) of a subgroup of at least `stagger_from` elements. Without it, a
+  /// @brief Elements of padding at the end of each state array of a subgroup of at
+  ///        least `stagger_from` elements (`cpu::stream_stagger`). Without it, a
   ///        subgroup of 2^k elements puts m[i], v[i] and the master a power of two
   ///        apart, and the update, which touches all three at once, ran 3-4x slower at
-  ///        64M elements on a 2-vCPU EPYC VM, while the same arrays a page and a line
-  ///        apart ran at the probe's speed. The pad travels with the block to the
+  ///        64M elements on a 2-vCPU EPYC VM. The pad travels with the block to the
   ///        device: at most 0.4% more bytes, and none for small subgroups.
-  static constexpr std::size_t state_stagger = (4096 + 64) / sizeof(float);
+  static constexpr std::size_t state_stagger = cpu::stream_stagger;
   /// @brief Smallest subgroup (state elements) whose arrays are staggered: 1 MiB each.
   static constexpr std::size_t stagger_from = (std::size_t{1} << 20) / sizeof(float);
   static_assert(state_stagger % state_alignment == 0);

@@ -48,11 +48,13 @@ struct Chunk {
 inline constexpr std::size_t chunk_elements = std::size_t{1} << 15;
 
 /// @brief Padding, in floats, between large arrays that one loop streams together
-///        (one page and one cache line). Arrays a power of two apart ran 3-4x slower
-///        at 64M elements on a 2-vCPU EPYC VM (cache-set and DRAM-bank conflicts); a
-///        page and a line apart, at full speed. `StateStore` pads large subgroups' state
-///        arrays by it, and the bandwidth probe lays its arrays out the same way.
-inline constexpr std::size_t stream_stagger = (4096 + 64) / sizeof(float);
+///        (a page and a half). Arrays a power of two apart ran 3-4x slower at 64M
+///        elements on a 2-vCPU EPYC VM (cache-set and DRAM-bank conflicts); staggered,
+///        at full speed. Half a page rather than a cache line past the page: with a
+///        one-line offset, non-temporal stores to the arrays ran 10x slower.
+///        `StateStore` pads large subgroups' state arrays by it, and the bandwidth
+///        probe lays its arrays out the same way.
+inline constexpr std::size_t stream_stagger = (4096 + 2048) / sizeof(float);
 
 /// @brief Bytes of memory traffic per element of a segment's update: read the
 ///        gradient; read and write m, v (and vmax); read and write the value, or read

@@ -48,7 +48,7 @@ class StateStore {
   ///        subgroup of 2^k elements puts m[i], v[i] and the master a power of two
   ///        apart, and the update, which touches all three at once, ran 3-4x slower at
   ///        64M elements on a 2-vCPU EPYC VM. The pad travels with the block to the
-  ///        device: at most 0.4% more bytes, and none for small subgroups.
+  ///        device: at most 0.6% more bytes, and none for small subgroups.
   static constexpr std::size_t state_stagger = cpu::stream_stagger;
   /// @brief Smallest subgroup (state elements) whose arrays are staggered: 1 MiB each.
   static constexpr std::size_t stagger_from = (std::size_t{1} << 20) / sizeof(float);

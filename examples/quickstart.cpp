@@ -5,7 +5,8 @@
 // The parameters have GPT-2 small's tensor shapes, in two groups (weight decay on
 // the matrices, none on biases and norms); gradients are synthetic. Ten steps with a
 // warmup + cosine learning rate, then the update rate against this machine's memory
-// bandwidth limit for an Adam-shaped loop (28 bytes per parameter).
+// bandwidth limit for an Adam-shaped loop (28 bytes per parameter): the fastest of the
+// probe's variants.
 //
 // Then 16M parameters in 16 subgroups, updated all on the CPU and interleaved with
 // a device by the automatic policy, in alternating steps. On a GPU (a build with
@@ -22,7 +23,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -69,22 +69,11 @@ void fill(std::vector<float>& v, std::uint64_t seed, float scale) {
   }
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-// Best-of-five rate of the Adam-shaped probe, in elements per second.
-double bandwidth_limit(dos::ThreadPool& pool) {
-  const std::size_t n = std::size_t{1} << 24;
-  std::vector<float> p(n, 1.0f), g(n, 1e-3f), m(n, 0.0f), v(n, 0.0f);
-  dos::adam_shaped_pass(pool, p, g, m, v);  // first touch
-  double best = 1e30;
-  for (int r = 0; r < 5; ++r) {
-    const auto t = std::chrono::steady_clock::now();
-    dos::adam_shaped_pass(pool, p, g, m, v);
-    best = std::min(best, seconds_since(t));
-  }
-  return static_cast<double>(n) / best;
+// The fastest variant of the Adam-shaped probe (plain, native, non-temporal), best of
+// five each, in elements per second.
+dos::ProbeLimit bandwidth_limit(dos::ThreadPool& pool) {
+  dos::ProbeArrays arrays(std::size_t{1} << 24);
+  return dos::measure_probe_limit(pool, arrays);
 }
 
 double median(std::vector<double> v) {
@@ -171,11 +160,12 @@ int main() {
 
   const double rate = static_cast<double>(total) / best;
   dos::ThreadPool pool(opt.threads());
-  const double limit = bandwidth_limit(pool);
+  const dos::ProbeLimit limit = bandwidth_limit(pool);
   fmt::print("\nbest step: {:.1f}M params/s ({:.1f} GB/s at 28 B/param)\n", rate / 1e6,
              rate * dos::adam_bytes_per_element / 1e9);
-  fmt::print("memory-bandwidth limit (Adam-shaped probe, {} threads): {:.1f}M params/s\n", pool.size(), limit / 1e6);
-  fmt::print("fraction of the limit reached: {:.2f}\n", rate / limit);
+  fmt::print("memory-bandwidth limit (best Adam-shaped probe: {}, {} threads): {:.1f}M params/s\n",
+             dos::probe_name(limit.variant), pool.size(), limit.elements_per_second / 1e6);
+  fmt::print("ratio to the best probe: {:.2f}\n", rate / limit.elements_per_second);
 
   // The interleaved update: the CPU lane on one thread, the device beside it.
   dos::Options one_thread{.threads = 1};

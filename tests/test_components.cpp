@@ -73,11 +73,6 @@ struct Serial {
   void run(std::span<const cpu::Chunk> chunks, std::span<const cpu::SegmentWork> work) {
     for (const auto& c : chunks) work[c.segment].kernel(work[c.segment].args, c.begin, c.end, *work[c.segment].coefficients);
   }
-  void grad_stats(std::span<const cpu::Chunk> chunks, std::span<const cpu::SegmentWork> work, std::span<GradStats> out) {
-    for (std::size_t i = 0; i < chunks.size(); ++i)
-      out[i] = cpu::grad_stats(work[chunks[i].segment].args.grad, work[chunks[i].segment].grad, chunks[i].begin,
-                               chunks[i].end);
-  }
   void parallel_for(std::size_t n, FunctionRef<void(std::size_t)> body) {
     for (std::size_t i = 0; i < n; ++i) body(i);
   }

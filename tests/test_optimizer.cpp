@@ -67,6 +67,22 @@ TEST_CASE("construction reports threads, kernels and subgroups") {
   CHECK(all_threads.threads() == available_threads());
 }
 
+TEST_CASE("a large subgroup's state arrays are staggered, never a power of two apart") {
+  for (const std::size_t n : {std::size_t{1} << 18, std::size_t{1} << 20}) {
+    std::vector<float> value(n, 0.5f), grad(n, 1e-3f);
+    std::vector<HostParam<float>> params{{value, grad}};
+    CpuOptimizer opt(params, AdamW{}, {.subgroup_elements = n, .threads = 1});
+    const std::size_t stride_bytes = opt.subgroups()[0].state_elements * sizeof(float);
+    CHECK(stride_bytes % 4096 != 0);
+    CHECK(stride_bytes % 64 == 0);  // every array still starts on a cache line
+  }
+  // Small subgroups are left alone: their copies to a device stay exact.
+  std::vector<float> value(1024, 0.5f), grad(1024, 1e-3f);
+  std::vector<HostParam<float>> params{{value, grad}};
+  CpuOptimizer small(params, AdamW{}, {.subgroup_elements = 1024, .threads = 1});
+  CHECK(small.subgroups()[0].state_elements == 1024);
+}
+
 TEST_CASE("step reports what it did") {
   Fixture f;
   CpuOptimizer opt(f.params, AdamW{}, {.threads = 1});

@@ -5,6 +5,7 @@
 #include "support/inputs.hpp"
 
 #include <doctest/doctest.h>
+#include <dos/cpu/grad_stats.hpp>
 #include <dos/cpu/simd.hpp>
 #include <dos/optim/adam.hpp>
 
@@ -97,7 +98,61 @@ void compare_levels() {
       }
 }
 
+// The documented order, written out plainly: partial sum j takes elements begin + j,
+// begin + j + 16, ...; then the tree j + 8, + 4, + 2, + 1.
+template <class G>
+double documented_sum(const std::vector<G>& g, std::size_t begin, std::size_t end) {
+  double partial[16] = {};
+  for (std::size_t i = begin; i < end; ++i) {
+    const double x = static_cast<float>(g[i]);
+    partial[(i - begin) % 16] += x * x;
+  }
+  for (std::size_t w = 8; w > 0; w /= 2)
+    for (std::size_t j = 0; j < w; ++j) partial[j] += partial[j + w];
+  return partial[0];
+}
+
+template <class G>
+void compare_grad_stats() {
+  test::Rng rng(7);
+  std::vector<float> f(1000);
+  for (auto& x : f) x = rng.uniform(-1, 1) * 1e-3f;
+  f[3] = 1e-40f;  // a subnormal square
+  const std::vector<G> g = convert<G>(f);
+  for (std::size_t begin : {std::size_t{0}, std::size_t{5}})
+    for (std::size_t end : {std::size_t{5}, std::size_t{21}, std::size_t{1000}}) {
+      if (end < begin) continue;
+      const double want = documented_sum(g, begin, end);
+      for (SimdLevel level : {SimdLevel::scalar, SimdLevel::avx2, SimdLevel::avx512}) {
+        if (!simd_supported(level)) continue;
+        CAPTURE(simd_name(level));
+        CAPTURE(begin);
+        CAPTURE(end);
+        const GradStats s = cpu::grad_stats(level, g.data(), dtype_of<G>, begin, end);
+        CHECK(std::memcmp(&s.sum_squares, &want, sizeof want) == 0);
+        CHECK_FALSE(s.nonfinite);
+      }
+    }
+  for (float bad : {INFINITY, -INFINITY, NAN})
+    for (std::size_t at : {std::size_t{0}, std::size_t{17}, std::size_t{998}}) {
+      std::vector<G> h = g;
+      h[at] = G(bad);
+      for (SimdLevel level : {SimdLevel::scalar, SimdLevel::avx2, SimdLevel::avx512}) {
+        if (!simd_supported(level)) continue;
+        CAPTURE(simd_name(level));
+        CAPTURE(at);
+        CHECK(cpu::grad_stats(level, h.data(), dtype_of<G>, 0, h.size()).nonfinite);
+      }
+    }
+}
+
 }  // namespace
+
+TEST_CASE("gradient statistics: every family sums in the documented order and flags inf and NaN") {
+  compare_grad_stats<float>();
+  compare_grad_stats<bf16>();
+  compare_grad_stats<fp16>();
+}
 
 TEST_CASE("detection reports a usable level and automatic resolves to it") {
   const SimdLevel l = detect_simd();

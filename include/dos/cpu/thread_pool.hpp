@@ -5,6 +5,14 @@
 /// Threads are created once, at construction, because a training step must not pay
 /// thread start-up. `parallel_for` neither allocates nor type-erases through the heap,
 /// so it is safe inside `step()`. The calling thread takes part in the work.
+///
+/// Each loop is split into one contiguous range of indices per thread, cut by weight,
+/// so every thread streams its own stretch of the arrays: two threads interleaving
+/// 1 MB chunks across the same arrays measured 10-20% slower on a 2-vCPU machine than
+/// two threads on the two halves. A thread that finishes early steals from the front of
+/// the others' remaining ranges, so a thread slowed by its neighbours delays the loop
+/// by one chunk at most. `parallel_for_interleaved` keeps the old dealing (one shared
+/// counter) for comparison.
 
 #include "dos/error.hpp"
 
@@ -42,10 +50,11 @@ class ThreadPool {
  public:
   /// @param threads participants, including the caller of `parallel_for`; 0 means
   ///        `available_threads()`.
-  explicit ThreadPool(unsigned threads = 0) : size_(threads == 0 ? available_threads() : threads) {
+  explicit ThreadPool(unsigned threads = 0)
+      : size_(threads == 0 ? available_threads() : threads), ranges_(size_) {
     workers_.reserve(size_ - 1);
     try {
-      for (unsigned i = 1; i < size_; ++i) workers_.emplace_back([this] { worker_loop(); });
+      for (unsigned i = 1; i < size_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
     } catch (...) {  // e.g. a container's thread limit: stop what started, then report
       shutdown();
       throw;
@@ -58,29 +67,54 @@ class ThreadPool {
   /// @brief Number of threads that run a loop, the caller included.
   unsigned size() const noexcept { return size_; }
 
-  /// @brief Calls `body(i)` once for every i in [0, n), spread over the pool; returns
-  ///        when all calls have returned. `body` must not throw. Not reentrant: one
-  ///        loop at a time per pool.
+  /// @brief Calls `body(i)` once for every i in [0, n), spread over the pool in equal
+  ///        contiguous ranges; returns when all calls have returned. `body` must not
+  ///        throw. Not reentrant: one loop at a time per pool.
   template <class Body>
   void parallel_for(std::size_t n, Body& body) {
+    parallel_for_weighted(n, [](std::size_t) { return std::size_t{1}; }, body);
+  }
+
+  /// @brief Like `parallel_for`, with thread t owning the contiguous range of indices
+  ///        whose cumulative @p weight (e.g. bytes of traffic) lies in
+  ///        [t W / size(), (t + 1) W / size()), W the total.
+  template <class Weight, class Body>
+  void parallel_for_weighted(std::size_t n, Weight&& weight, Body& body) {
     if (n == 0) return;
     if (workers_.empty() || n == 1) {
       for (std::size_t i = 0; i < n; ++i) body(i);
       return;
     }
-    {
-      std::lock_guard lock(mutex_);
-      context_ = &body;
-      invoke_ = [](void* ctx, std::size_t i) { (*static_cast<Body*>(ctx))(i); };
-      count_ = n;
-      next_.store(0, std::memory_order_relaxed);
-      busy_ = static_cast<unsigned>(workers_.size());
-      ++generation_;
-    }
-    wake_.notify_all();
-    drain();
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < n; ++i) total += weight(i);
     std::unique_lock lock(mutex_);
-    done_.wait(lock, [this] { return busy_ == 0; });
+    // Thread t starts at the first index whose preceding weight reaches t W / size:
+    // cut points depend only on the weights and the thread count.
+    std::size_t i = 0, before = 0;
+    for (unsigned t = 0; t < size_; ++t) {
+      const std::size_t share = total / size_ * t + total % size_ * t / size_;  // t W / size, no overflow
+      while (i < n && before < share) before += weight(i++);
+      ranges_[t].next.store(i, std::memory_order_relaxed);
+      if (t > 0) ranges_[t - 1].end = i;
+    }
+    ranges_[size_ - 1].end = n;
+    start(lock, body, &ThreadPool::drain_ranges);
+  }
+
+  /// @brief Calls `body(i)` for every i in [0, n), each thread taking the next index
+  ///        from one shared counter: the scheduling before contiguous ranges, kept so
+  ///        that benchmarks can compare the two.
+  template <class Body>
+  void parallel_for_interleaved(std::size_t n, Body& body) {
+    if (n == 0) return;
+    if (workers_.empty() || n == 1) {
+      for (std::size_t i = 0; i < n; ++i) body(i);
+      return;
+    }
+    std::unique_lock lock(mutex_);
+    ranges_[0].next.store(0, std::memory_order_relaxed);
+    ranges_[0].end = n;
+    start(lock, body, &ThreadPool::drain_shared);
   }
 
  private:
@@ -93,26 +127,61 @@ class ThreadPool {
     for (auto& t : workers_) t.join();
   }
 
-  void drain() {
-    for (std::size_t i = next_.fetch_add(1, std::memory_order_relaxed); i < count_;
-         i = next_.fetch_add(1, std::memory_order_relaxed))
+  // Thread `self`'s own range first, then what is left of the others', from the front.
+  void drain_ranges(unsigned self) {
+    for (unsigned k = 0; k < size_; ++k) {
+      Range& r = ranges_[(self + k) % size_];
+      for (std::size_t i = r.next.fetch_add(1, std::memory_order_relaxed); i < r.end;
+           i = r.next.fetch_add(1, std::memory_order_relaxed))
+        invoke_(context_, i);
+    }
+  }
+  void drain_shared(unsigned) {
+    Range& r = ranges_[0];
+    for (std::size_t i = r.next.fetch_add(1, std::memory_order_relaxed); i < r.end;
+         i = r.next.fetch_add(1, std::memory_order_relaxed))
       invoke_(context_, i);
   }
 
-  void worker_loop() {
+  // Publishes the loop (ranges already set under `lock`), runs the caller's share as
+  // thread 0 and waits for the workers.
+  template <class Body>
+  void start(std::unique_lock<std::mutex>& lock, Body& body, void (ThreadPool::*drain)(unsigned)) {
+    context_ = &body;
+    invoke_ = [](void* ctx, std::size_t i) { (*static_cast<Body*>(ctx))(i); };
+    drain_ = drain;
+    busy_ = static_cast<unsigned>(workers_.size());
+    ++generation_;
+    lock.unlock();
+    wake_.notify_all();
+    (this->*drain)(0);
+    lock.lock();
+    done_.wait(lock, [this] { return busy_ == 0; });
+  }
+
+  void worker_loop(unsigned self) {
     std::uint64_t seen = 0;
     for (;;) {
+      void (ThreadPool::*drain)(unsigned) = nullptr;
       {
         std::unique_lock lock(mutex_);
         wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
         if (stop_) return;
         seen = generation_;
+        drain = drain_;
       }
-      drain();
+      (this->*drain)(self);
       std::lock_guard lock(mutex_);
       if (--busy_ == 0) done_.notify_one();
     }
   }
+
+  // One thread's range of the current loop, on its own cache line: the owner and any
+  // thief bump `next`, and neighbouring counters must not share a line.
+  struct alignas(64) Range {
+    std::atomic<std::size_t> next{0};
+    std::size_t end = 0;
+  };
 
   unsigned size_;
   std::vector<std::thread> workers_;
@@ -124,8 +193,8 @@ class ThreadPool {
   // The current loop; written under the mutex before the generation changes.
   void* context_ = nullptr;
   void (*invoke_)(void*, std::size_t) = nullptr;
-  std::size_t count_ = 0;
-  std::atomic<std::size_t> next_{0};
+  void (ThreadPool::*drain_)(unsigned) = nullptr;
+  std::vector<Range> ranges_;
 };
 
 }  // namespace dos

@@ -43,6 +43,17 @@ using ValueReader = FunctionRef<void(const TensorView&, std::size_t, std::span<f
 template <MemoryResource Pinned>
 class StateStore {
  public:
+  /// @brief Elements of padding at the end of each state array of a subgroup of at
+  ///        least `stagger_from` elements (`cpu::stream_stagger`). Without it, a
+  ///        subgroup of 2^k elements puts m[i], v[i] and the master a power of two
+  ///        apart, and the update, which touches all three at once, ran 3-4x slower at
+  ///        64M elements on a 2-vCPU EPYC VM. The pad travels with the block to the
+  ///        device: at most 0.6% more bytes, and none for small subgroups.
+  static constexpr std::size_t state_stagger = cpu::stream_stagger;
+  /// @brief Smallest subgroup (state elements) whose arrays are staggered: 1 MiB each.
+  static constexpr std::size_t stagger_from = (std::size_t{1} << 20) / sizeof(float);
+  static_assert(state_stagger % state_alignment == 0);
+
   struct SegmentRef {
     std::uint32_t subgroup = 0;
     const Segment* segment = nullptr;
@@ -82,6 +93,7 @@ class StateStore {
                                    members.size());
           seg.tensor = static_cast<std::uint32_t>(members[seg.tensor]);
         }
+        if (s.state_elements >= stagger_from) s.state_elements += state_stagger;
         subgroups_.push_back(std::move(s));
         subgroup_group_.push_back(g);
       }

@@ -8,7 +8,7 @@
 
 #include "dos/core/grad_stats.hpp"
 #include "dos/core/tensor.hpp"
-#include "dos/cpu/cpu_adam.hpp"
+#include "dos/cpu/grad_stats.hpp"
 #include "dos/cpu/executor.hpp"
 #include "dos/partition/subgroup.hpp"
 #include "dos/state/param_table.hpp"

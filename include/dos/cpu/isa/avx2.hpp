@@ -88,6 +88,27 @@ DOS_ALWAYS_INLINE void stream_fence() { _mm_sfence(); }
 
 #include "dos/optim/detail/adam_step.inl"
 #include "dos/cpu/isa/segment_loop.inl"
+
+// Sixteen double partial sums of squares, element j of each block of 16 into
+// partial[j]; see cpu/grad_stats.hpp for why every family gets the same bits.
+template <class T>
+inline void sum_squares_blocks(const T* p, std::size_t blocks, double* partial) {
+  __m256d a0 = _mm256_loadu_pd(partial), a1 = _mm256_loadu_pd(partial + 4);
+  __m256d a2 = _mm256_loadu_pd(partial + 8), a3 = _mm256_loadu_pd(partial + 12);
+  for (std::size_t b = 0; b < blocks; ++b, p += 16) {
+    const __m256 x = load(p).r, y = load(p + 8).r;
+    const __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(x)), d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+    const __m256d d2 = _mm256_cvtps_pd(_mm256_castps256_ps128(y)), d3 = _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1));
+    a0 = _mm256_fmadd_pd(d0, d0, a0);
+    a1 = _mm256_fmadd_pd(d1, d1, a1);
+    a2 = _mm256_fmadd_pd(d2, d2, a2);
+    a3 = _mm256_fmadd_pd(d3, d3, a3);
+  }
+  _mm256_storeu_pd(partial, a0);
+  _mm256_storeu_pd(partial + 4, a1);
+  _mm256_storeu_pd(partial + 8, a2);
+  _mm256_storeu_pd(partial + 12, a3);
+}
 #undef DOS_STEP_FN
 #undef DOS_LOOP_FN
 

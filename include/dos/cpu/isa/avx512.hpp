@@ -101,6 +101,22 @@ DOS_ALWAYS_INLINE void stream_fence() { _mm_sfence(); }
 
 #include "dos/optim/detail/adam_step.inl"
 #include "dos/cpu/isa/segment_loop.inl"
+
+// Sixteen double partial sums of squares, element j of each block of 16 into
+// partial[j]; see cpu/grad_stats.hpp for why every family gets the same bits.
+template <class T>
+inline void sum_squares_blocks(const T* p, std::size_t blocks, double* partial) {
+  __m512d lo = _mm512_loadu_pd(partial), hi = _mm512_loadu_pd(partial + 8);
+  for (std::size_t b = 0; b < blocks; ++b, p += 16) {
+    const __m512 x = load(p).r;
+    const __m512d dlo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+    const __m512d dhi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+    lo = _mm512_fmadd_pd(dlo, dlo, lo);
+    hi = _mm512_fmadd_pd(dhi, dhi, hi);
+  }
+  _mm512_storeu_pd(partial, lo);
+  _mm512_storeu_pd(partial + 8, hi);
+}
 #undef DOS_STEP_FN
 #undef DOS_LOOP_FN
 

@@ -61,6 +61,17 @@ inline void stream_fence() {}
 
 #include "dos/optim/detail/adam_step.inl"
 #include "dos/cpu/isa/segment_loop.inl"
+
+// Sixteen double partial sums of squares, element j of each block of 16 into
+// partial[j]; see cpu/grad_stats.hpp for why every family gets the same bits.
+template <class T>
+inline void sum_squares_blocks(const T* p, std::size_t blocks, double* partial) {
+  for (std::size_t b = 0; b < blocks; ++b, p += 16)
+    for (std::size_t j = 0; j < 16; ++j) {
+      const double x = load(p + j);
+      partial[j] += x * x;
+    }
+}
 #undef DOS_STEP_FN
 #undef DOS_LOOP_FN
 

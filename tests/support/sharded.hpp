@@ -6,8 +6,10 @@
 //  - every rank reports the same gradient norm, bit for bit, and it is the global one;
 //  - an inf in one rank's gradient makes every rank skip the step (loss scaling backs
 //    off everywhere), and clipping by the global norm is active on the other steps;
-//  - a bad scheduled lr on the last rank fails step() on every rank, naming that rank,
-//    with no state changed anywhere; the next good step goes on together.
+//  - a bad scheduled lr, then a gradient of the wrong size, on the last rank fails
+//    step() on every rank, naming that rank, with no state changed anywhere; the next
+//    good step goes on together;
+//  - the statistics taken in grad_ready during backward serve as well as step()'s own.
 // Returns what failed, each line naming the rank.
 
 #include "support/inputs.hpp"
@@ -19,10 +21,28 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+namespace dos::test {
+
+// A handle to storage, as a framework's tensor is: the views follow the vectors, so a
+// test can change a tensor under the optimizer.
+struct ShardParam {
+  std::vector<float>* value;
+  std::vector<float>* grad;
+};
+
+}  // namespace dos::test
+
+template <>
+struct dos::tensor_traits<dos::test::ShardParam> {
+  static TensorView value(const test::ShardParam& p) { return {p.value->data(), p.value->size(), DType::f32, Device::host}; }
+  static ConstTensorView grad(const test::ShardParam& p) { return {p.grad->data(), p.grad->size(), DType::f32, Device::host}; }
+};
 
 namespace dos::test {
 
@@ -34,7 +54,7 @@ inline constexpr std::size_t sharded_count = std::size(sharded_sizes);
 struct Shard {
   std::vector<std::size_t> tensors;
   std::vector<std::vector<float>> values, grads;
-  std::vector<HostParam<float>> params;
+  std::vector<ShardParam> params;
   Shard(int rank, int size) {
     for (std::size_t t = 0; t < sharded_count; ++t) {
       if (static_cast<int>(t % static_cast<std::size_t>(size)) != rank) continue;
@@ -43,7 +63,7 @@ struct Shard {
       grads.emplace_back(sharded_sizes[t]);
       for (std::size_t i = 0; i < sharded_sizes[t]; ++i) values.back()[i] = initial_param(t, i);
     }
-    for (std::size_t k = 0; k < tensors.size(); ++k) params.push_back({values[k], grads[k]});
+    for (std::size_t k = 0; k < tensors.size(); ++k) params.push_back({&values[k], &grads[k]});
   }
   // The framework's scaled gradients; an inf in the last tensor at step @p inf_step.
   void set_gradients(std::int64_t step, double scale, std::int64_t inf_step) {
@@ -88,26 +108,37 @@ std::vector<std::string> check_sharded(AnyCommunicator comm) {
       }
     expect(worst <= 1e-6, fmt::format("step {}: values differ from one process by {:g} (relative)", step, worst));
   };
-  constexpr std::int64_t inf_step = 2, bad_step = 4, steps = 7;
+  constexpr std::int64_t backward_step = 1, inf_step = 2, bad_step = 4, steps = 7;
   for (std::int64_t s = 0; s < steps; ++s) {
     mine.set_gradients(s, opt.loss_scale(), inf_step);
     all.set_gradients(s, ref.loss_scale(), inf_step);
-    if (s == bad_step) {
+    // Bad input on the last rank only: every rank's step() fails, naming it, and changes nothing.
+    const auto fails_everywhere = [&](const std::function<void()>& spoil, const std::function<void()>& mend) {
       const auto before = mine.values;
       const std::int64_t count = opt.step_count();
-      if (rank == size - 1) opt.set_schedule(0, [](std::int64_t) { return -1.0; });
+      if (rank == size - 1) spoil();
       std::string what;
       try {
         opt.step();
       } catch (const std::invalid_argument& e) {
         what = e.what();
       }
-      expect(!what.empty(), fmt::format("step {}: a bad lr on rank {} did not fail this rank", s, size - 1));
+      expect(!what.empty(), fmt::format("step {}: bad input on rank {} did not fail this rank", s, size - 1));
       expect(size == 1 || what.find(fmt::format("rank {} failed", size - 1)) != std::string::npos ||
                  what.find(fmt::format("rank(s) {} failed", size - 1)) != std::string::npos,
              fmt::format("step {}: the error does not name rank {}: '{}'", s, size - 1, what));
       expect(mine.values == before && opt.step_count() == count, "the failed step changed state");
-      if (rank == size - 1) opt.set_schedule(0, {});
+      if (rank == size - 1) mend();
+    };
+    if (s == bad_step) {
+      fails_everywhere([&] { opt.set_schedule(0, [](std::int64_t) { return -1.0; }); }, [&] { opt.set_schedule(0, {}); });
+      fails_everywhere([&] { mine.grads.back().push_back(0); }, [&] { mine.grads.back().pop_back(); });
+    }
+    if (s == backward_step) {
+      opt.begin_backward();
+      ref.begin_backward();
+      for (std::size_t p = 0; p < opt.num_params(); ++p) opt.grad_ready(p);
+      for (std::size_t p = 0; p < ref.num_params(); ++p) ref.grad_ready(p);
     }
     const StepReport r = opt.step();
     const StepReport rr = ref.step();

@@ -13,8 +13,9 @@ cd "$(dirname "$0")/.."
 # is checked. ninja-build: vcpkg's portfiles build with it. python3-venv: the venv below.
 # nlohmann-json3-dev: checkpoints. python3-torch, python3-dev: the checkpoint tool's test
 # and the Python package (dos.torch), tested against Debian's torch 1.13.
+# libopenmpi-dev, openmpi-bin: dos::mpi and the tests under mpiexec.
 packages=(cmake make g++ libfmt-dev doctest-dev libbenchmark-dev libtorch-dev doxygen python3 clang pkg-config
-          ninja-build python3-venv python3-dev nlohmann-json3-dev python3-torch)
+          ninja-build python3-venv python3-dev nlohmann-json3-dev python3-torch libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

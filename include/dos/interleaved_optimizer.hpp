@@ -28,6 +28,7 @@
 #include "dos/train/accumulator.hpp"
 #include "dos/train/grad_norm.hpp"
 #include "dos/train/lr_schedules.hpp"
+#include "dos/train/rank_agreement.hpp"
 
 #include <chrono>
 #include <cmath>
@@ -256,15 +257,21 @@ class InterleavedOptimizer {
  private:
   // One step, in order: validate everything, compute the factors, update, advance.
   StepReport step_impl() {
-    if (step_ == std::numeric_limits<std::int64_t>::max())
-      throw_invalid_argument("the step count is {}, the largest there is: it cannot advance", step_);
     engine_.wait_for_framework();
     const auto start = std::chrono::steady_clock::now();
     const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
-    // 1. Validate: every view, every scheduled learning rate. Nothing changes on error.
-    params_.refresh([&](std::size_t i, const ConstTensorView& g) { return accumulator_.active() ? accumulator_.view(i) : g; });
-    store_.bind(cpu_);  // the segment table now points at this step's views
-    schedules_.prepare(groups_);
+    // 1. Validate (views, scheduled lrs), sum up the gradients; ranks agree. Nothing changes on error.
+    const bool skip_nonfinite = scaler_.enabled() || options_.nonfinite == NonFinitePolicy::skip_step;
+    const bool need_norm = skip_nonfinite || options_.max_grad_norm > 0;
+    const GradSummary sum = agree_across_ranks(options_.communicator, [&] {
+      if (step_ == std::numeric_limits<std::int64_t>::max())
+        throw_invalid_argument("the step count is {}, the largest there is: it cannot advance", step_);
+      params_.refresh([&](std::size_t i, const ConstTensorView& v) { return accumulator_.active() ? accumulator_.view(i) : v; });
+      store_.bind(cpu_);  // the segment table now points at this step's views
+      schedules_.prepare(groups_);
+      if (!need_norm) return GradSummary{};
+      return norm_.gather(!accumulator_.active(), cpu_, store_, params_, [&](std::size_t p) { return engine_.device_grad_stats(params_.grad(p)); });
+    });
     schedules_.apply(groups_);
     StepReport report;
     report.step = step_;
@@ -272,17 +279,14 @@ class InterleavedOptimizer {
     // 2. Factors: every gradient is multiplied by 1/scale (a power of two: exact) times
     //    the clipping coefficient, as torch's unscale_ then clip_grad_norm_ do.
     float multiplier = 1;
-    const bool skip_nonfinite = scaler_.enabled() || options_.nonfinite == NonFinitePolicy::skip_step;
-    if (skip_nonfinite || options_.max_grad_norm > 0) {
-      const GradSummary g = norm_.gather(!accumulator_.active(), cpu_, store_, params_,
-                                         [&](std::size_t p) { return engine_.device_grad_stats(params_.grad(p)); });
-      report.nonfinite_params = g.nonfinite_params;
-      report.first_nonfinite_param = g.first_nonfinite_param;
+    if (need_norm) {
+      report.nonfinite_params = sum.nonfinite_params;
+      report.first_nonfinite_param = sum.first_nonfinite_param;
       multiplier = scaler_.inverse();
-      report.grad_norm = static_cast<float>(std::sqrt(g.sum_squares) * static_cast<double>(multiplier));
+      report.grad_norm = static_cast<float>(std::sqrt(sum.sum_squares) * static_cast<double>(multiplier));
       // Unscaling by a scale below 1 can itself overflow: an element beyond the float
       // range makes the norm infinite, where torch's unscale_ finds an inf and skips.
-      if ((g.nonfinite_params > 0 && skip_nonfinite) || (scaler_.enabled() && !detail::finite_bits(report.grad_norm))) {
+      if ((sum.nonfinite_params > 0 && skip_nonfinite) || (scaler_.enabled() && !detail::finite_bits(report.grad_norm))) {
         report.overflow = true;
         scaler_.overflowed();
         end_phase();
@@ -299,14 +303,11 @@ class InterleavedOptimizer {
       store_.coefficients(g) = coefficients(groups_[g], t);
       store_.coefficients(g).grad_sign *= multiplier;  // +-1 times it: exact
     }
-    // 3. Update every subgroup once.
-    engine_.update(report, t);
-    // 4. Advance.
-    scaler_.applied();
+    engine_.update(report, t);  // 3. Update every subgroup once.
+    scaler_.applied();          // 4. Advance.
     end_phase();
-    step_ = t;
+    report.step = step_ = t;
     report.applied = true;
-    report.step = step_;
     report.elements = params_.total_elements();
     report.seconds = seconds();
     return report;
@@ -321,7 +322,6 @@ class InterleavedOptimizer {
     norm_.forget();
     engine_.end_backward();
   }
-
   std::size_t checked_group(std::size_t g) const {
     if (g >= groups_.size()) throw_invalid_argument("parameter group {} does not exist (there are {})", g, groups_.size());
     return g;

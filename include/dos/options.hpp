@@ -2,6 +2,7 @@
 /// @file
 /// @brief What a user chooses when building an optimizer, and what a step reports.
 
+#include "dos/comm/any_communicator.hpp"
 #include "dos/cpu/executor.hpp"
 #include "dos/cpu/simd.hpp"
 #include "dos/engine/interleave_options.hpp"
@@ -44,6 +45,12 @@ struct Options {
   std::optional<LossScaling> loss_scaling{};
   /// The CPU/device split, for device backends.
   InterleaveOptions interleave{};
+  /// The ranks this optimizer's parameters are sharded over, when the framework shards
+  /// them (FSDP, ZeRO-3: each rank's optimizer holds only its own shard). With more than
+  /// one rank, every step agrees across ranks (`agree_across_ranks`): clipping uses the
+  /// global norm, all ranks skip the same steps, bad input on one fails all. Default:
+  /// `SingleProcess`, which changes nothing.
+  AnyCommunicator communicator{};
 
   /// @brief The part of these options the host side (executor, backend) is built from.
   cpu::CpuConfig cpu() const noexcept { return {threads, simd, huge_pages}; }

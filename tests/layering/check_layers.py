@@ -11,6 +11,7 @@ import sys
 
 LAYERS = [
     ("core", ["core/", "config.hpp", "error.hpp", "version.hpp"]),
+    ("comm", ["comm/"]),
     ("optim, partition, memory", ["optim/", "partition/", "memory/"]),
     ("cpu", ["cpu/"]),
     ("state", ["state/"]),

@@ -53,15 +53,15 @@ struct ExploreSettings {
 ///        medians of its last measured steps; chooses the fastest measured, and
 ///        explores the others one at a time.
 ///
-/// Each step, every candidate's estimate is the median of the last `window` update
-/// times of its latest run of consecutive steps (a candidate run again after a pause
-/// starts afresh: the machine may have changed), or the cost model's prediction while
-/// it has none. The step runs the
+/// Each step, every candidate's estimate is the median of its last `window` measured
+/// update times (a median, so one slow step does not move it), or the cost model's
+/// prediction while it has none. The step runs the
 /// candidate with the lowest estimate, unless exploring is due: then it runs the
 /// nearest (in k) of the best candidates that are worth measuring: those never
 /// measured, those close to the best and measured fewer than `min_samples` times, and
 /// those whose last measurement is stale (after `stale_after` steps if it was close to
-/// the best or the refined model now predicts it faster, proportionally later the
+/// the best or the refined model's prediction for it fell by more than `close`
+/// since, proportionally later the
 /// slower it measured), and the candidate that was the best until the estimates moved,
 /// `explore_every` steps after it lost its place, then at doubling intervals, if it is
 /// close (a slow phase of the machine may have made it look slower). Nothing estimated more
@@ -78,13 +78,14 @@ class StrideExplorer {
 
   /// @brief What is known of one candidate.
   struct Record {
-    std::array<double, window> seconds{};  ///< the measurements of its latest run of steps
+    std::array<double, window> seconds{};  ///< its last measurements, a ring
     std::uint32_t kept = 0;                ///< how many of `seconds` hold one
     std::uint32_t samples = 0;             ///< measurements ever taken
     std::int64_t last = -1;                ///< the step it was last measured in
     std::int64_t recheck_at = -1;          ///< when it is re-checked after losing its place; -1: not
     std::int64_t backoff = 0;              ///< steps to the re-check after that one
     double predicted = 0;                  ///< the model's prediction, this step
+    double predicted_then = 0;             ///< the model's prediction when it was last measured
     bool feasible = false;                 ///< its plan fits the staging budget
 
     /// @brief Median of the kept measurements (copying: the ring keeps its order).
@@ -151,14 +152,11 @@ class StrideExplorer {
     const std::uint32_t k = streamed ? t.plan.stride : 0;
     if ((streamed && k == 0) || k >= records_.size() || !(t.measured_seconds > 0)) return;  // not one of ours
     Record& c = records_[k];
-    // A candidate that runs again after a pause starts a new run of measurements: the
-    // machine may have changed since (memory bandwidth phases, other jobs), and one
-    // fresh step compares fairly with the running candidate's latest ones.
-    if (clock_ - c.last > 1) c.kept = 0;
     c.seconds[c.kept % window] = t.measured_seconds;
     ++c.kept;
     ++c.samples;
     c.last = clock_;
+    c.predicted_then = c.predicted;  // what the model said when it chose this step
     if (t.plan.explored && c.recheck_at >= 0 && clock_ > c.recheck_at) {
       c.backoff *= 2;  // it did not win back its place (or it would run as the best)
       c.recheck_at = c.backoff <= static_cast<std::int64_t>(stale_after_) ? clock_ + c.backoff : -1;
@@ -210,14 +208,18 @@ class StrideExplorer {
       if (sweep && (c.samples == 0 || (close && c.samples < min_samples))) return unsettled + nearness;
       // A candidate that lost its place recently is re-checked on its backoff schedule.
       // (Only if close: no slow phase of this machine makes a plan look 25% slower.)
-      if (close && c.recheck_at >= 0 && clock_ >= c.recheck_at) return 2.0 + static_cast<double>(clock_ - c.recheck_at);
+      if (close && c.recheck_at >= 0 && clock_ >= c.recheck_at) return 1e9 + static_cast<double>(clock_ - c.recheck_at);
       // Re-checked when stale (the machine may have changed in a way the running plan
       // does not show): after stale_after steps if close to the best or if the refined
       // model now predicts it faster, later the slower it measured, so that each
       // candidate's re-checks cost at most `close / stale_after` of a step on average.
       const double excess = c.estimate() / best_estimate - 1;
       const double stale = s.stale_after;
-      const double wait = c.predicted < best_estimate || excess <= s.close ? stale : stale * excess / s.close;
+      // The model "now predicts it faster" when its refined rates moved its prediction
+      // down by more than `close` since it was measured (a model that was always
+      // optimistic about it proves nothing).
+      const bool model_moved = c.predicted < (1 - s.close) * c.predicted_then && c.predicted < best_estimate;
+      const double wait = model_moved || excess <= s.close ? stale : stale * excess / s.close;
       const auto age = static_cast<double>(clock_ - c.last);
       return age >= wait ? 1 + age / wait : 0.0;
     };

@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 #include <dos/checkpoint.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <thread>
@@ -172,4 +173,76 @@ TEST_CASE("asynchronous save: later steps do not change what is written; buffers
   }
   CHECK(what.rfind("dos: cannot create checkpoint directory", 0) == 0);
   CHECK(what.find((file / "ckpt").string()) != std::string::npos);
+}
+
+TEST_CASE("a state hold: step() waits for it, and a reader on another thread sees the state as it was") {
+  const RunSpec spec{.specs = test::mixed_specs(false)};
+  Run<CpuBackend> r(spec);
+  r.run_to(3);
+  const std::vector<float> before = full_state(r.opt);
+  checkpoint::Snapshot sync;
+  sync.capture(r.opt);
+  StateHold hold = r.opt.hold_state();
+  std::atomic<bool> stepped{false};
+  std::jthread trainer([&] {
+    r.run_to(4);  // the owner goes on: its step must wait for the hold
+    stepped = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK_FALSE(stepped.load());
+  // Meanwhile the holder copies from its own thread.
+  checkpoint::Snapshot s;
+  s.prepare(r.opt);
+  s.copy_held(r.opt, hold);
+  CHECK_FALSE(stepped.load());
+  CHECK(test::same_bits(std::vector<float>(s.data().begin(), s.data().end()),
+                        std::vector<float>(sync.data().begin(), sync.data().end())));
+  hold.release();
+  trainer.join();
+  CHECK(stepped.load());
+  CHECK_FALSE(test::same_bits(full_state(r.opt), before));
+
+  // A hold on another optimizer is refused by name; a released hold too.
+  Run<CpuBackend> other(spec);
+  StateHold foreign = other.opt.hold_state();
+  std::vector<float> out(r.opt.param_numel(0));
+  CHECK_THROWS_WITH_AS(r.opt.read_state(foreign, 0, StateKind::exp_avg, out), doctest::Contains("not a live hold on this optimizer"),
+                       std::invalid_argument);
+  foreign.release();
+  CHECK_THROWS_AS(other.opt.read_state(foreign, 0, StateKind::exp_avg, out), std::invalid_argument);
+}
+
+TEST_CASE("the cost model's learned rates travel with a device optimizer's checkpoint") {
+  const RunSpec spec{.specs = test::mixed_specs(true), .device = true};
+  TempDir dir("profile");
+  Run<EmulatedDeviceBackend> first(spec);
+  first.run_to(4);
+  save(first.opt, dir.path);
+  const std::optional<HardwareProfile> saved = saved_hardware_profile(dir.path);
+  REQUIRE(saved.has_value());
+  const HardwareProfile& now = first.opt.cost_model().profile();
+  const auto same = [](const HardwareProfile& a, const HardwareProfile& b) {
+    return a.cpu_rate == b.cpu_rate && a.device_rate == b.device_rate && a.h2d_bandwidth == b.h2d_bandwidth &&
+           a.d2h_bandwidth == b.d2h_bandwidth && a.duplex == b.duplex && a.host_bandwidth == b.host_bandwidth;
+  };
+  CHECK(same(*saved, now));  // every double round-trips through the JSON exactly
+  // A resumed run starts from them instead of calibrating.
+  Options o = Run<EmulatedDeviceBackend>::options(spec);
+  o.interleave.profile = saved;
+  test::MixedModel model = Run<EmulatedDeviceBackend>::make_model(spec, nullptr);
+  InterleavedOptimizer<EmulatedDeviceBackend> resumed(model.groups(), o);
+  CHECK(same(resumed.cost_model().profile(), now));
+
+  // A host-only optimizer saves none; a lying profile is refused by name.
+  TempDir host_dir("profile_host");
+  Run<CpuBackend> host({.specs = test::mixed_specs(false)});
+  host.run_to(1);
+  save(host.opt, host_dir.path);
+  CHECK_FALSE(saved_hardware_profile(host_dir.path).has_value());
+  std::string text = checkpoint::index_to_json(checkpoint::CheckpointReader(dir.path).index());
+  const auto at = text.find("\"cpu_rate\"");
+  REQUIRE(at != std::string::npos);
+  text.insert(text.find(':', at) + 2, "-");  // after ": "
+  CHECK_THROWS_WITH_AS(checkpoint::parse_index(text, "index.json"),
+                       doctest::Contains("index.json: hardware_profile.cpu_rate must be finite and >= 0"), std::runtime_error);
 }

@@ -21,6 +21,7 @@
 #include "dos/checkpoint/writer.hpp"
 
 #include <filesystem>
+#include <optional>
 
 namespace dos {
 
@@ -46,6 +47,19 @@ template <CheckpointTarget O>
 void load(O& opt, const std::filesystem::path& dir) {
   const checkpoint::CheckpointReader r(dir);
   checkpoint::load_into(opt, r);
+}
+
+/// @brief What the cost model of the optimizer saved in @p dir had learned of the
+///        machine (its rates, refined by every step), for a resumed run on the same
+///        machine to start from instead of calibrating:
+/// @code
+/// dos::Options o;
+/// o.interleave.profile = dos::saved_hardware_profile("ckpt");  // nullopt: calibrate
+/// @endcode
+/// @return nullopt for a checkpoint of a host-only optimizer.
+/// @throws std::runtime_error naming the path for a missing or invalid checkpoint.
+inline std::optional<HardwareProfile> saved_hardware_profile(const std::filesystem::path& dir) {
+  return checkpoint::CheckpointReader(dir).index().hardware_profile;
 }
 
 }  // namespace dos

@@ -14,6 +14,7 @@
 #include "dos/backend/device_backend.hpp"
 #include "dos/components.hpp"
 #include "dos/core/call_guard.hpp"
+#include "dos/core/state_hold.hpp"
 #include "dos/core/tensor.hpp"
 #include "dos/engine/state_access.hpp"
 #include "dos/engine/update_engine.hpp"
@@ -88,12 +89,14 @@ class InterleavedOptimizer {
 
   InterleavedOptimizer(const InterleavedOptimizer&) = delete;
   InterleavedOptimizer& operator=(const InterleavedOptimizer&) = delete;
+  ~InterleavedOptimizer() { holds_.wait_released(); }  // a background reader may still copy the state
 
   /// @brief Updates every parameter once, from its current gradient.
   /// @throws std::invalid_argument when a parameter's views no longer match what the
   ///         optimizer was built with; nothing has changed then.
   /// @throws std::logic_error when another call is running on this optimizer.
   StepReport step() {
+    holds_.wait_released();  // a checkpoint still copying the state keeps it as it is
     const CallGuard::Exclusive busy(guard_, "step()");
     try {
       return step_impl();
@@ -208,13 +211,28 @@ class InterleavedOptimizer {
   /// @brief Overwrites one state tensor of parameter @p param. Writing the master of a
   ///        16-bit parameter also rewrites its value, rounded.
   void write_state(std::size_t param, StateKind kind, std::span<const float> in) {
+    holds_.wait_released();
     const CallGuard::Exclusive busy(guard_, "write_state()");
     engine::write_state(store_, engine_, values_, params_, param, kind, in);
+  }
+  /// @brief Keeps the state (m, v, vmax, masters) as it is until the hold is released:
+  ///        `step`, `write_state` and `reload_masters` wait for it (made from one
+  ///        thread, the holder's owner; the optimizer's destructor waits too). Host
+  ///        state only: a device optimizer's resident state moves through its stream.
+  StateHold hold_state() requires(!interleaved) { return holds_.hold(); }
+  /// @brief `read_state` for the holder of @p h, from any thread, while the owner goes
+  ///        on with calls that leave the state as it is (backward, grad_ready, setters).
+  /// @throws std::invalid_argument for a hold on another optimizer, or as
+  ///         `engine::read_stored_state` (the master of an fp32 host parameter).
+  void read_state(const StateHold& h, std::size_t param, StateKind kind, std::span<float> out) const requires(!interleaved) {
+    if (!h.holds(holds_)) throw_invalid_argument("read_state: the hold given is not a live hold on this optimizer");
+    engine::read_stored_state(store_, param, kind, out);
   }
   /// @brief The fp32 master of 16-bit and device-resident parameters is the truth the
   ///        next step updates; after editing such values in place, call this to make
   ///        the masters follow them (`engine::reload_masters`).
   void reload_masters() {
+    holds_.wait_released();
     const CallGuard::Exclusive busy(guard_, "reload_masters()");
     engine::reload_masters(store_, engine_, values_, params_);
   }
@@ -342,6 +360,7 @@ class InterleavedOptimizer {
   std::vector<ConstTensorView> grads_scratch_;  // accumulate()'s views
   std::int64_t step_ = 0;
   CallGuard guard_;
+  StateHolds holds_;
 };
 
 /// @brief The all-CPU optimizer (ZeRO-Offload's update).

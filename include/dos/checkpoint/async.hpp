@@ -1,7 +1,9 @@
 #pragma once
 /// @file
-/// @brief Asynchronous saving: the caller's thread only copies the state into host
-///        buffers kept between saves; a background thread checksums and writes them.
+/// @brief Asynchronous saving: the caller's thread only records the counters and takes
+///        a hold on the optimizer state; a background thread copies the state into host
+///        buffers kept between saves, lets the optimizer go on, then checksums and
+///        writes the copy.
 
 #include "dos/checkpoint/writer.hpp"
 
@@ -10,7 +12,25 @@
 #include <future>
 #include <utility>
 
+#if defined(__linux__)
+#include <sys/resource.h>
+#include <unistd.h>
+#endif
+
 namespace dos {
+
+namespace detail {
+
+// The write (checksums, copies into the page cache) runs while the next steps do: on
+// Linux its thread yields the CPU to them (nice 10, this thread only), so it takes the
+// cycles training leaves. Failure only loses the courtesy.
+inline void yield_to_training() noexcept {
+#if defined(__linux__)
+  (void)setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+#endif
+}
+
+}  // namespace detail
 
 /// @brief The outcome of one asynchronous save.
 class SaveHandle {
@@ -32,10 +52,14 @@ class SaveHandle {
   std::shared_future<void> future_;
 };
 
-/// @brief Saves checkpoints while training goes on. `save()` copies the optimizer's
-///        state into a host snapshot (allocated by the first save, reused by later
-///        ones) and returns; a background thread writes the copy, so later steps
-///        never change what is written.
+/// @brief Saves checkpoints while training goes on. `save()` records the counters,
+///        takes a `StateHold` on the optimizer and returns; a background thread copies
+///        the state into a host snapshot (allocated by the first save, reused by later
+///        ones), releases the hold, then checksums and writes the copy. The next
+///        `step()` waits only for what is left of the copy, so a copy that overlaps
+///        forward and backward costs training nothing, and later steps never change
+///        what is written. A device optimizer (whose resident state moves through its
+///        stream) is copied before `save()` returns.
 /// @code
 /// dos::AsyncCheckpointer ckpt;
 /// dos::SaveHandle saving;
@@ -46,7 +70,8 @@ class SaveHandle {
 /// saving.wait();
 /// @endcode
 /// One snapshot exists, so a save that finds the previous one still writing waits for
-/// it first (its error, if any, stays with its handle). The destructor waits too.
+/// it first (its error, if any, stays with its handle). The destructor waits too. The
+/// optimizer must outlive the copy (its destructor waits for the hold).
 class AsyncCheckpointer {
  public:
   AsyncCheckpointer() = default;
@@ -56,14 +81,29 @@ class AsyncCheckpointer {
     if (pending_.valid()) pending_.wait();
   }
 
-  /// @brief Snapshots @p opt now and writes it to @p dir in the background.
-  /// @throws std::invalid_argument if the state cannot be read (nothing is written);
-  ///         write errors are rethrown by the handle's `wait()`.
+  /// @brief Saves @p opt's state as it is now to @p dir, in the background.
+  /// @throws std::invalid_argument if the state cannot be listed (nothing is written);
+  ///         copy and write errors are rethrown by the handle's `wait()`.
   template <CheckpointTarget O>
   SaveHandle save(O& opt, std::filesystem::path dir) {
     if (pending_.valid()) pending_.wait();
-    snapshot_.capture(opt);
-    pending_ = std::async(std::launch::async, [this, d = std::move(dir)] { checkpoint::write_snapshot(snapshot_, d); }).share();
+    if constexpr (requires { opt.hold_state(); }) {
+      snapshot_.prepare(opt);
+      pending_ = std::async(std::launch::async, [this, &opt, hold = opt.hold_state(), d = std::move(dir)]() mutable {
+                   {
+                     const StateHold held = std::move(hold);  // released once copied, before the write
+                     snapshot_.copy_held(opt, held);
+                   }
+                   detail::yield_to_training();
+                   checkpoint::write_snapshot(snapshot_, d);
+                 }).share();
+    } else {
+      snapshot_.capture(opt);
+      pending_ = std::async(std::launch::async, [this, d = std::move(dir)] {
+                   detail::yield_to_training();
+                   checkpoint::write_snapshot(snapshot_, d);
+                 }).share();
+    }
     return SaveHandle(pending_);
   }
 

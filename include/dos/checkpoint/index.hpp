@@ -10,10 +10,12 @@
 #include "dos/checkpoint/file_io.hpp"
 #include "dos/core/tensor.hpp"
 #include "dos/optim/adam.hpp"
+#include "dos/schedule/cost_model.hpp"
 #include "dos/version.hpp"
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -58,6 +60,11 @@ struct CheckpointIndex {
   std::vector<AdamConfig> groups;
   std::vector<ParamInfo> params;
   std::vector<RankFile> ranks;
+  /// @brief What a device optimizer's cost model had learned of this machine (rates
+  ///        refined by every step); absent for a host-only optimizer. Informative: a
+  ///        resumed run passes it as `InterleaveOptions::profile` to start from it
+  ///        instead of calibrating (`saved_hardware_profile`).
+  std::optional<HardwareProfile> hardware_profile;
 };
 
 /// @brief The library version as "major.minor.patch".
@@ -88,6 +95,9 @@ inline std::string index_to_json(const CheckpointIndex& x) {
                                  {"weight_decay", c.weight_decay}, {"amsgrad", c.amsgrad}, {"maximize", c.maximize},
                                  {"decoupled_weight_decay", c.decoupled_weight_decay}, {"params", members}});
   }
+  if (const auto& h = x.hardware_profile)
+    j["hardware_profile"] = {{"cpu_rate", h->cpu_rate}, {"device_rate", h->device_rate}, {"h2d_bandwidth", h->h2d_bandwidth},
+                             {"d2h_bandwidth", h->d2h_bandwidth}, {"duplex", h->duplex}, {"host_bandwidth", h->host_bandwidth}};
   j["params"] = nlohmann::ordered_json::array();
   for (const ParamInfo& p : x.params) j["params"].push_back({{"numel", p.numel}, {"dtype", dtype_name(p.dtype)}});
   j["ranks"] = nlohmann::ordered_json::array();
@@ -172,6 +182,21 @@ inline CheckpointIndex parse_index(std::string_view text, std::string_view file)
     x.growth_tracker = r.integer(r.at(ls, "growth_tracker", "loss_scaler"), "loss_scaler.growth_tracker");
   }
   x.subgroup_elements = r.count(r.at(j, "subgroup_elements", "the index"), "subgroup_elements");
+  if (const auto it = j.find("hardware_profile"); it != j.end() && !it->is_null()) {
+    HardwareProfile h;
+    const auto rate = [&](const char* key) {
+      const double v = r.number(r.at(*it, key, "hardware_profile"), std::string("hardware_profile.") + key);
+      if (!(v >= 0) || !std::isfinite(v)) throw_runtime_error("{}: hardware_profile.{} must be finite and >= 0, got {}", file, key, v);
+      return v;
+    };
+    h.cpu_rate = rate("cpu_rate");
+    h.device_rate = rate("device_rate");
+    h.h2d_bandwidth = rate("h2d_bandwidth");
+    h.d2h_bandwidth = rate("d2h_bandwidth");
+    h.duplex = r.boolean(r.at(*it, "duplex", "hardware_profile"), "hardware_profile.duplex");
+    h.host_bandwidth = rate("host_bandwidth");
+    x.hardware_profile = h;
+  }
 
   const nlohmann::json& params = r.at(j, "params", "the index");
   if (!params.is_array()) throw_runtime_error("{}: params must be an array", file);

@@ -39,6 +39,16 @@ class Snapshot {
   /// @throws std::invalid_argument when the optimizer cannot read a state tensor.
   template <CheckpointTarget O>
   void capture(O& opt) {
+    prepare(opt);
+    unsigned threads = copy_threads;
+    if constexpr (requires { requires O::interleaved; }) threads = 1;  // one synchronous stream
+    copy_state(threads, [&](const SavedTensor& t, std::span<float> out) { opt.read_state(t.param, t.kind, out); });
+  }
+
+  /// @brief The first half of a capture, on the caller's thread: the counters, the
+  ///        tensor list and room for the copy. `copy_held` does the rest.
+  template <CheckpointTarget O>
+  void prepare(O& opt) {
     std::vector<SavedTensor> tensors = saved_tensors(opt);
     const std::size_t total = tensors.empty() ? 0 : tensors.back().offset + tensors.back().numel;
     if (total > capacity_) {
@@ -46,7 +56,6 @@ class Snapshot {
       data_ = std::make_unique_for_overwrite<float[]>(total);
       capacity_ = total;
     }
-    copy_state(opt, tensors);
     CheckpointIndex x;
     x.dos_version = dos_version_string();
     x.step_count = opt.step_count();
@@ -57,9 +66,19 @@ class Snapshot {
     x.subgroup_elements = opt.options().subgroup_elements;
     for (std::size_t g = 0; g < opt.num_groups(); ++g) x.groups.push_back(opt.hyperparameters(g));
     for (std::size_t p = 0; p < opt.num_params(); ++p) x.params.push_back({opt.param_numel(p), opt.param_record(p).dtype, opt.param_record(p).group});
+    if constexpr (requires { HardwareProfile(opt.cost_model().profile()); }) x.hardware_profile = opt.cost_model().profile();
     tensors_ = std::move(tensors);
     index_ = std::move(x);
     elements_ = total;
+  }
+
+  /// @brief The second half of a capture, on any thread: copies the state `prepare`
+  ///        listed through hold @p h, which keeps the optimizer from changing it.
+  /// @throws std::invalid_argument for a hold on another optimizer.
+  template <CheckpointTarget O>
+    requires requires(const O& o, const StateHold& h, std::span<float> out) { o.read_state(h, 0, StateKind::exp_avg, out); }
+  void copy_held(const O& opt, const StateHold& h) {
+    copy_state(copy_threads, [&](const SavedTensor& t, std::span<float> out) { opt.read_state(h, t.param, t.kind, out); });
   }
 
   const CheckpointIndex& index() const noexcept { return index_; }
@@ -75,17 +94,14 @@ class Snapshot {
   std::size_t capacity() const noexcept { return capacity_; }
 
  private:
-  // The copy is the stall an asynchronous save imposes, and it is bound by memory
-  // bandwidth, so it is spread over threads, tensor by tensor. Only for host-only
-  // optimizers: a device optimizer's read_state may pull resident subgroups through
-  // its one synchronous stream, which is not safe to share.
-  template <CheckpointTarget O>
-  void copy_state(O& opt, const std::vector<SavedTensor>& tensors) {
-    const auto one = [&](const SavedTensor& t) {
-      opt.read_state(t.param, t.kind, std::span<float>(data_.get() + t.offset, t.numel));
-    };
-    unsigned threads = copy_threads != 0 ? copy_threads : std::max(1u, std::thread::hardware_concurrency());
-    if constexpr (requires { requires O::interleaved; }) threads = 1;
+  // The copy is bound by memory bandwidth, so it is spread over threads, tensor by
+  // tensor. A device optimizer's read_state may pull resident subgroups through its
+  // one synchronous stream, which is not safe to share: its captures use one thread.
+  template <class Read>
+  void copy_state(unsigned threads, Read&& read) {
+    const std::vector<SavedTensor>& tensors = tensors_;
+    const auto one = [&](const SavedTensor& t) { read(t, std::span<float>(data_.get() + t.offset, t.numel)); };
+    if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
     threads = static_cast<unsigned>(std::min<std::size_t>(threads, tensors.size()));
     if (threads <= 1) {
       for (const SavedTensor& t : tensors) one(t);

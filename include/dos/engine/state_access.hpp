@@ -6,12 +6,14 @@
 ///        read and written through staged copies).
 
 #include "dos/engine/update_engine.hpp"
+#include "dos/error.hpp"
 #include "dos/engine/value_io.hpp"
 #include "dos/state/param_table.hpp"
 #include "dos/state/state_store.hpp"
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 namespace dos::engine {
@@ -28,6 +30,24 @@ void read_state(const Store& store, G& engine, Values& values, const ParamTable&
     engine.pull_resident(s);
     if (state != nullptr) std::copy_n(state, n, out.begin() + static_cast<std::ptrdiff_t>(off));
     else values.read(v, off, out.subspan(off, n));
+  });
+}
+
+/// @brief Copies state @p kind of parameter @p param out of the host state blocks
+///        alone: never a value, never the device, never the parameter table's views, so
+///        it may run on another thread while the owner makes calls that leave the state
+///        as it is (the caller keeps mutating calls out, e.g. with a `StateHold`).
+/// @throws std::invalid_argument for a bad index, kind or size, vmax without amsgrad,
+///         or the master of an fp32 host parameter (its value is its master: read it).
+template <class Store>
+void read_stored_state(const Store& store, std::size_t param, StateKind kind, std::span<float> out) {
+  store.for_each_piece(param, kind, out.size(), [&](const float* state, std::size_t, std::size_t, std::uint32_t) {
+    if (state == nullptr)
+      throw_invalid_argument("parameter {}: an fp32 host parameter's master is its value, which only the framework "
+                             "holds; read the value instead", param);
+  });
+  store.for_each_piece(param, kind, out.size(), [&](const float* state, std::size_t off, std::size_t n, std::uint32_t) {
+    std::copy_n(state, n, out.begin() + static_cast<std::ptrdiff_t>(off));
   });
 }
 

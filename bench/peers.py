@@ -107,7 +107,7 @@ def contenders(threads, workload):
     return out, skipped
 
 
-def run(n, threads, workload, blocks, steps, tensors):
+def run(n, threads, workload, blocks, steps, tensors, untimed=()):
     torch.set_num_threads(threads)
     gen = torch.Generator().manual_seed(0)
     sizes = shapes_for(n, tensors)
@@ -126,6 +126,7 @@ def run(n, threads, workload, blocks, steps, tensors):
     ref = next(c for c in cs if c.name == "torch foreach")
     diffs = {c.name: max((a - b).abs().max().item() for a, b in zip(c.params, ref.params)) for c in cs}
 
+    cs = [c for c in cs if c.name not in untimed]  # kept for the differences above only
     for b in range(blocks):
         order = cs[b % len(cs):] + cs[:b % len(cs)]  # rotate who goes first
         for c in order:
@@ -145,6 +146,9 @@ def run(n, threads, workload, blocks, steps, tensors):
         med = statistics.median(c.times)
         print(f"  {c.name:18s} {n / med / 1e6:9.1f}M params/s   time/dos median {statistics.median(ratios):5.2f}x "
               f"[{min(ratios):.2f}-{max(ratios):.2f}]   max |diff| vs torch foreach after 5 steps {diffs[c.name]:.2e}")
+    for name in untimed:
+        if name in diffs:
+            print(f"  {name:18s} not timed (--untimed)        max |diff| vs torch foreach after 5 steps {diffs[name]:.2e}")
     for s in skipped:
         print(f"  skipped: {s}")
     del cs
@@ -158,13 +162,17 @@ def main():
     ap.add_argument("--blocks", type=int, default=15)
     ap.add_argument("--steps", type=int, default=3, help="steps per block")
     ap.add_argument("--tensors", type=int, default=8)
+    ap.add_argument("--untimed", default="", help="comma-separated contenders to leave out of the timing, e.g. "
+                    "'torch foreach' (the slowest; still the reference of the differences)")
     a = ap.parse_args()
+    if "dos" in [u.strip() for u in a.untimed.split(",")]:
+        ap.error("--untimed: dos is what the others are timed against")
     cpus = len(os.sched_getaffinity(0))
     threads = sorted({cpus if t == "all" else int(t) for t in a.threads.split(",")})
     for n in (parse_size(s) for s in a.params.split(",")):
         for w in a.workload.split(","):
             for t in threads:
-                run(n, t, w, a.blocks, a.steps, a.tensors)
+                run(n, t, w, a.blocks, a.steps, a.tensors, [u.strip() for u in a.untimed.split(",") if u.strip()])
     return 0
 
 

@@ -1,6 +1,6 @@
 # The installed package, as a downstream project sees it. Run by CTest as
 #   cmake -DDOS_SOURCE=<repo> -DWORK=<scratch> -DGENERATOR=<gen> -DDOS_BUILD_DIR=<this build>
-#         -DDOS_CUDA_FOUND=ON|OFF -DPKG_CONFIG=<pkg-config or empty> -DCXX=<c++ compiler> -P run.cmake
+#         -DDOS_CUDA_FOUND=ON|OFF -DDOS_MPI_FOUND=ON|OFF -DPKG_CONFIG=<pkg-config or empty> -DCXX=<c++ compiler> -P run.cmake
 # 1. dos configured without CUDA, installed: tests/consumer builds and runs with
 #    find_package(dos CONFIG), and with pkg-config; asking for the cuda component fails
 #    and says why; an unknown component fails and names it.
@@ -62,6 +62,26 @@ probe(required_cuda_missing ${prefix} "REQUIRED;COMPONENTS;cuda" fail "not in th
 probe(optional_cuda_missing ${prefix} "REQUIRED;OPTIONAL_COMPONENTS;cuda" ok
       "dos_FOUND=1 dos_cuda_FOUND=FALSE targets=\\[dos::dos\\]")
 probe(unknown_component ${prefix} "REQUIRED;COMPONENTS;cuda;bogus" fail "dos has no component 'bogus'")
+
+# dos::mpi: in this install where this build found MPI (its consumer builds and runs as
+# a singleton MPI process); an install configured without MPI says why it lacks it.
+if(DOS_MPI_FOUND)
+  run_step(${CMAKE_COMMAND} -S ${DOS_SOURCE}/tests/consumer -B ${WORK}/consumer-mpi-build -G ${GENERATOR}
+           -DCMAKE_PREFIX_PATH=${prefix} -DDOS_CONSUMER_MPI=ON)
+  run_step(${CMAKE_COMMAND} --build ${WORK}/consumer-mpi-build)
+  # Open MPI refuses root unless told; CI runs as root.
+  set(ENV{OMPI_ALLOW_RUN_AS_ROOT} 1)
+  set(ENV{OMPI_ALLOW_RUN_AS_ROOT_CONFIRM} 1)
+  run_step(${WORK}/consumer-mpi-build/consumer_mpi)
+  probe(required_mpi_present ${prefix} "REQUIRED;COMPONENTS;mpi" ok "targets=\\[dos::dos,dos::mpi\\] dos_mpi_FOUND=TRUE")
+  probe(mpi_not_loaded_unasked ${prefix} "REQUIRED" ok "targets=\\[dos::dos\\] dos_mpi_FOUND= ")
+  run_step(${CMAKE_COMMAND} -S ${DOS_SOURCE} -B ${WORK}/dos-build-nompi -G ${GENERATOR} -DDOS_BUILD_TESTS=OFF
+           -DDOS_BUILD_EXAMPLES=OFF -DDOS_BUILD_BENCHMARKS=OFF -DDOS_INSTALL=ON -DDOS_WITH_CUDA=OFF -DDOS_WITH_MPI=OFF)
+  run_step(${CMAKE_COMMAND} --install ${WORK}/dos-build-nompi --prefix ${WORK}/prefix-nompi)
+  probe(required_mpi_missing ${WORK}/prefix-nompi "REQUIRED;COMPONENTS;mpi" fail "it was built without MPI")
+else()
+  message(STATUS "this build has no dos::mpi: its consumer is not built")
+endif()
 set(PROBE_EXTRA -DDOS_FIND_VERSION=99.0)
 probe(version_too_new ${prefix} "REQUIRED" fail "dosConfig.cmake, version: [0-9]+[.][0-9]+[.][0-9]+")
 unset(PROBE_EXTRA)

@@ -136,14 +136,14 @@ void lay_out(Io& io, SubgroupShape& shape, std::size_t s, const Store& store, co
 ///        views, and the transfer sizes of @p shape from this step's types (a bf16
 ///        value may come with an fp32 gradient). With @p with_grads false
 ///        (construction, checkpoints) gradient copies are left out; @p fetched marks
-///        segments whose gradients `grad_ready` already fetched.
+///        segments whose gradients `grad_ready` already fetched. With @p with_grads, a
+///        parameter without a gradient this step gets no copy and no launch at all.
 template <class Io, class Store>
 void refresh_io(Io& io, SubgroupShape& sh, std::size_t s, Store& store, const ParamTable& params, bool with_grads,
                 std::span<const std::uint8_t> fetched) {
   const SlotLayout& l = io.layout;
   auto& block = store.blocks()[s];
   const std::size_t elements = store.subgroups()[s].state_elements;
-  const AdamCoefficients<float>& k = store.coefficients(store.group_of_subgroup(s));
   for (auto* list : {&io.up_state, &io.up_value, &io.down_state, &io.up_grad, &io.down_value}) list->clear();
   io.fetch.clear();
   io.push.clear();
@@ -156,13 +156,16 @@ void refresh_io(Io& io, SubgroupShape& sh, std::size_t s, Store& store, const Pa
     const Segment& seg = *store.segments()[w].segment;
     const TensorView& v = params.value(seg.tensor);
     const ConstTensorView& g = params.grad(seg.tensor);
+    // No gradient this step: no launch, no gradient copy, and no value copy either way
+    // (the kernel writes no value slot; the state block's round trip keeps its bits).
+    if (with_grads && g.is_absent()) continue;
     const std::size_t vs = dtype_size(v.dtype), gs = dtype_size(g.dtype), so = seg.state_offset;
     auto* value = static_cast<std::byte*>(v.data) + seg.tensor_offset * vs;
     const auto* grad = with_grads ? static_cast<const std::byte*>(g.data) + seg.tensor_offset * gs : nullptr;
     DeviceSegment d;
     static_cast<cpu::SegmentDesc&>(d) = store.work()[w];
     d.grad = g.dtype;
-    d.coefficients = k;
+    d.coefficients = *store.work()[w].coefficients;  // its group's, or its own (`StepCounts`)
     LaunchOffsets o;
     o.m = l.m + so * 4;
     o.v = l.v + so * 4;

@@ -158,10 +158,13 @@ void refresh_io(Io& io, SubgroupShape& sh, std::size_t s, Store& store, const Pa
     const ConstTensorView& g = params.grad(seg.tensor);
     // No gradient this step: no launch, no gradient copy, and no value copy either way
     // (the kernel writes no value slot; the state block's round trip keeps its bits).
-    if (with_grads && g.is_absent()) continue;
-    const std::size_t vs = dtype_size(v.dtype), gs = dtype_size(g.dtype), so = seg.state_offset;
+    // The shape still counts its bytes, as if it had a gradient of its value's type:
+    // a plan chosen during backward from the last shapes then has the same operations
+    // whichever parameters skip, and an operation with nothing to copy does nothing.
+    const bool skip = with_grads && g.is_absent();
+    const std::size_t vs = dtype_size(v.dtype), gs = dtype_size(skip ? v.dtype : g.dtype), so = seg.state_offset;
     auto* value = static_cast<std::byte*>(v.data) + seg.tensor_offset * vs;
-    const auto* grad = with_grads ? static_cast<const std::byte*>(g.data) + seg.tensor_offset * gs : nullptr;
+    const auto* grad = with_grads && !skip ? static_cast<const std::byte*>(g.data) + seg.tensor_offset * gs : nullptr;
     DeviceSegment d;
     static_cast<cpu::SegmentDesc&>(d) = store.work()[w];
     d.grad = g.dtype;
@@ -176,28 +179,29 @@ void refresh_io(Io& io, SubgroupShape& sh, std::size_t s, Store& store, const Pa
       d.args.grad = grad;
       o.master = l.master + so * 4;
       std::byte* mirror = io.mirror.data();
-      if (with_grads && fetched[w] == 0) io.fetch.push_back({mirror + so * 4, grad, seg.count * gs});
-      io.push.push_back({value, mirror + (elements + so) * 4, seg.count * vs});
+      if (with_grads && !skip && fetched[w] == 0) io.fetch.push_back({mirror + so * 4, grad, seg.count * gs});
+      if (!skip) io.push.push_back({value, mirror + (elements + so) * 4, seg.count * vs});
       device_grads += seg.count * gs;
       device_values += seg.count * vs;
     } else {
       o.grad = l.grad + so * 4;
-      if (with_grads) io.up_grad.push_back({o.grad, const_cast<std::byte*>(grad), seg.count * gs});
+      if (with_grads && !skip) io.up_grad.push_back({o.grad, const_cast<std::byte*>(grad), seg.count * gs});
       host_grads += seg.count * gs;
       host_values += seg.count * vs;
       if (v.dtype == DType::f32) {
         // The host value is the master: it crosses the link both ways, also for a
         // resident subgroup, so edits the framework makes to it are kept.
         o.param = l.master + so * 4;
-        io.up_value.push_back({o.param, value, seg.count * 4});
-        io.down_value.push_back({o.param, value, seg.count * 4});
+        if (!skip) io.up_value.push_back({o.param, value, seg.count * 4});
+        if (!skip) io.down_value.push_back({o.param, value, seg.count * 4});
         host_fp32_values += seg.count * 4;
       } else {
         o.param = l.value + so * 2;
         o.master = l.master + so * 4;
-        io.down_value.push_back({o.param, value, seg.count * 2});
+        if (!skip) io.down_value.push_back({o.param, value, seg.count * 2});
       }
     }
+    if (skip) continue;
     io.launch.push_back(d);
     io.offsets.push_back(o);
   }

@@ -230,7 +230,8 @@ def to_torch(args):
         groups.append({"lr": g["lr"], "betas": tuple(g["betas"]), "eps": g["eps"], "weight_decay": g["weight_decay"],
                        "amsgrad": g["amsgrad"], "maximize": g["maximize"], "foreach": None, "capturable": False,
                        "decoupled_weight_decay": g["decoupled_weight_decay"], "params": list(g["params"])})
-    dos = {k: index[k] for k in ("dos_version", "step_count", "schedule_index", "loss_scaler", "subgroup_elements", "params")}
+    dos = {k: index[k] for k in ("dos_version", "step_count", "schedule_index", "loss_scaler", "subgroup_elements",
+                                 "params")}
     torch.save({"state": state, "param_groups": groups, "dos": dos}, args.out)
 
 

@@ -66,6 +66,15 @@ def main():
         assert index_a[key] == index_b[key], key
     subprocess.run([fixture, "resume", back], check=True)
 
+    # A parameter torch never stepped has no state: it comes back at step 0, zero moments.
+    sd_missing = dict(sd, state={k: v for k, v in sd["state"].items() if k != 1})
+    torch.save(sd_missing, os.path.join(work, "sd_missing.pt"))
+    missing = os.path.join(work, "missing")
+    assert tool.main(["from-torch", os.path.join(work, "sd_missing.pt"), missing]) == 0
+    index_m, tensors_m = tool.read_checkpoint(missing)
+    assert index_m["params"][1]["step"] == 0 and index_m["params"][0]["step"] == 4
+    assert not any(tensors_m["state.1.exp_avg"][2]) and not any(tensors_m["state.1.exp_avg_sq"][2])
+
     # A flipped byte: the tool and dos both refuse it, naming the tensor.
     rank = os.path.join(back, index_b["ranks"][0]["file"])
     with open(rank, "r+b") as f:

@@ -46,7 +46,8 @@ struct ParamInfo {
   DType dtype = DType::f32;
   std::uint64_t group = 0;
   /// Steps this parameter took (torch's `state[p]["step"]`: steps it had no gradient at
-  /// are not counted); -1 when the index does not say (format 1: `step_count` for all).
+  /// are not counted); -1 when the index does not say (format 1, or a writer that left
+  /// it out): loading then gives the parameter `step_count`.
   std::int64_t step = -1;
 };
 
@@ -190,7 +191,7 @@ inline CheckpointIndex parse_index(std::string_view text, std::string_view file)
     info.numel = r.count(r.at(params[p], "numel", where), where + ".numel");
     info.dtype = detail::parse_dtype(r.string(r.at(params[p], "dtype", where), where + ".dtype"), file, where + ".dtype");
     info.group = UINT64_MAX;  // set from param_groups below
-    if (x.version >= 2 || params[p].contains("step")) {
+    if (params[p].contains("step")) {  // optional: without it, step_count (as in format 1)
       info.step = r.integer(r.at(params[p], "step", where), where + ".step");
       if (info.step < 0 || info.step == INT64_MAX) throw_runtime_error("{}: {}.step {} is out of range", file, where, info.step);
     }

@@ -164,6 +164,10 @@ class Engine {
   virtual double loss_scale() const = 0;
   virtual std::int64_t step_count() const = 0;
   virtual void set_step_count(std::int64_t t) = 0;
+  virtual std::int64_t param_step_count(std::size_t param) const = 0;
+  virtual void set_param_step_count(std::size_t param, std::int64_t t) = 0;
+  virtual std::int64_t loss_scale_growth_tracker() const = 0;
+  virtual void set_loss_scaler_state(double scale, std::int64_t tracker) = 0;
   virtual void set_lr(std::size_t group, double lr) = 0;
   virtual void set_hyperparameters(std::size_t group, const AdamConfig& c) = 0;
   virtual AdamConfig hyperparameters(std::size_t group) const = 0;
@@ -186,6 +190,10 @@ class EngineOf final : public Engine {
   double loss_scale() const override { return opt_.loss_scale(); }
   std::int64_t step_count() const override { return opt_.step_count(); }
   void set_step_count(std::int64_t t) override { opt_.set_step_count(t); }
+  std::int64_t param_step_count(std::size_t param) const override { return opt_.step_count(param); }
+  void set_param_step_count(std::size_t param, std::int64_t t) override { opt_.set_step_count(param, t); }
+  std::int64_t loss_scale_growth_tracker() const override { return opt_.loss_scale_growth_tracker(); }
+  void set_loss_scaler_state(double scale, std::int64_t tracker) override { opt_.set_loss_scaler_state(scale, tracker); }
   void set_lr(std::size_t group, double lr) override { opt_.set_lr(group, lr); }
   void set_hyperparameters(std::size_t group, const AdamConfig& c) override { opt_.set_hyperparameters(group, c); }
   AdamConfig hyperparameters(std::size_t group) const override { return opt_.hyperparameters(group); }
@@ -221,8 +229,7 @@ class PyOptimizer {
       throw_invalid_argument("the groups hold {} parameters, but {} views were given", total, values.size());
     for (const RawView& v : values) {
       table_->values.push_back(value_view(v));
-      // No gradient yet: an empty view, which step() rejects by name if never set.
-      table_->grads.push_back({nullptr, 0, to_dtype(std::get<2>(v)), to_device(std::get<3>(v))});
+      table_->grads.push_back(ConstTensorView::absent());  // no gradient yet (.grad is None)
     }
     std::vector<ParamGroup<PyParam>> groups;
     std::size_t next = 0;
@@ -253,10 +260,11 @@ class PyOptimizer {
     }
   }
 
-  void set_views(std::size_t i, const RawView& value, const RawView& grad) {
+  /// A missing gradient (None: `.grad is None`, or a frozen parameter) is absent: skipped.
+  void set_views(std::size_t i, const RawView& value, const std::optional<RawView>& grad) {
     check(i);
     table_->values[i] = value_view(value);
-    table_->grads[i] = grad_view(grad);
+    table_->grads[i] = grad ? grad_view(*grad) : ConstTensorView::absent();
   }
   void set_value(std::size_t i, const RawView& value) {
     check(i);
@@ -327,7 +335,7 @@ NB_MODULE(_core, m) {
       .def(nb::init<const std::vector<RawView>&, const std::vector<std::size_t>&, const std::vector<AdamConfig>&,
                     const EngineOptions&>(),
            nb::arg("values"), nb::arg("group_sizes"), nb::arg("hypers"), nb::arg("options"))
-      .def("set_views", &PyOptimizer::set_views, nb::arg("param"), nb::arg("value"), nb::arg("grad"))
+      .def("set_views", &PyOptimizer::set_views, nb::arg("param"), nb::arg("value"), nb::arg("grad").none())
       .def("set_value", &PyOptimizer::set_value, nb::arg("param"), nb::arg("value"))
       // The update runs without the GIL: other Python threads (data loaders) go on.
       .def("step",
@@ -349,6 +357,13 @@ NB_MODULE(_core, m) {
       .def("loss_scale", [](const PyOptimizer& o) { return o.engine().loss_scale(); })
       .def("step_count", [](const PyOptimizer& o) { return o.engine().step_count(); })
       .def("set_step_count", [](PyOptimizer& o, std::int64_t t) { o.engine().set_step_count(t); })
+      // Each parameter's own count: torch's state[p]["step"] (skipped steps not counted).
+      .def("param_step_count", [](PyOptimizer& o, std::size_t i) { o.check(i); return o.engine().param_step_count(i); })
+      .def("set_param_step_count",
+           [](PyOptimizer& o, std::size_t i, std::int64_t t) { o.engine().set_param_step_count(i, t); })
+      .def("loss_scale_growth_tracker", [](const PyOptimizer& o) { return o.engine().loss_scale_growth_tracker(); })
+      .def("set_loss_scaler_state",
+           [](PyOptimizer& o, double scale, std::int64_t tracker) { o.engine().set_loss_scaler_state(scale, tracker); })
       .def("set_lr", [](PyOptimizer& o, std::size_t g, double lr) { o.engine().set_lr(g, lr); })
       .def("set_hyperparameters",
            [](PyOptimizer& o, std::size_t g, const AdamConfig& c) { o.engine().set_hyperparameters(g, c); })

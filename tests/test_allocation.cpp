@@ -4,6 +4,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include "support/counting_new.hpp"
 #include "support/inputs.hpp"
+#include "support/switched_param.hpp"
 
 #include <doctest/doctest.h>
 #include <dos/backend/emulated_device.hpp>
@@ -16,17 +17,21 @@
 #include <vector>
 
 using dos::test::allocations;
+using dos::test::SwitchedParam;
 
 TEST_CASE("step allocates nothing, from the first step on, with any policy") {
   for (auto policy : {dos::NonFinitePolicy::propagate, dos::NonFinitePolicy::skip_step}) {
     std::vector<float> a(100'000, 0.5f), ga(100'000, 0.1f);
     std::vector<dos::bf16> b(3'000, dos::bf16(0.5f)), gb(3'000, dos::bf16(0.1f));
-    using Any = std::variant<dos::HostParam<float>, dos::HostParam<dos::bf16>>;
-    std::vector<Any> params{dos::HostParam<float>{a, ga}, dos::HostParam<dos::bf16>{b, gb}};
+    std::vector<float> c(5'000, 0.5f), gc(5'000, 0.1f);
+    std::uint8_t absent = 0;  // parameter 2 skips every other step: per-parameter counts
+    using Any = std::variant<dos::HostParam<float>, dos::HostParam<dos::bf16>, SwitchedParam>;
+    std::vector<Any> params{dos::HostParam<float>{a, ga}, dos::HostParam<dos::bf16>{b, gb}, SwitchedParam{{c, gc}, &absent}};
     dos::CpuOptimizer opt(params, dos::AdamW{.amsgrad = true},
                           {.subgroup_elements = 20'000, .threads = 2, .nonfinite = policy});
     const long before = allocations.load();
     for (int t = 0; t < 5; ++t) {
+      absent = t % 2 == 1 ? 1 : 0;
       opt.set_lr(0, 1e-3 / (t + 1));
       CHECK(opt.step().applied);
     }
@@ -42,8 +47,10 @@ TEST_CASE("an interleaved step allocates nothing from the first step on: every p
     for (int variant = 0; variant < 3; ++variant) {
       std::vector<float> a(100'000, 0.5f), ga(100'000, 0.1f);
       std::vector<dos::bf16> b(30'000, dos::bf16(0.5f)), gb(30'000, dos::bf16(0.1f));
-      using Any = std::variant<dos::HostParam<float>, dos::HostParam<dos::bf16>>;
-      std::vector<Any> params{dos::HostParam<float>{a, ga}, dos::HostParam<dos::bf16>{b, gb}};
+      std::vector<float> c(5'000, 0.5f), gc(5'000, 0.1f);
+      std::uint8_t absent = 0;  // parameter 2 skips every other step
+      using Any = std::variant<dos::HostParam<float>, dos::HostParam<dos::bf16>, SwitchedParam>;
+      std::vector<Any> params{dos::HostParam<float>{a, ga}, dos::HostParam<dos::bf16>{b, gb}, SwitchedParam{{c, gc}, &absent}};
       dos::Options o{.subgroup_elements = 10'000, .threads = 2};
       o.interleave.policy = policy;
       o.interleave.profile = dos::HardwareProfile{.cpu_rate = 1e9, .device_rate = 1e10, .h2d_bandwidth = 1e10,
@@ -56,9 +63,11 @@ TEST_CASE("an interleaved step allocates nothing from the first step on: every p
       CAPTURE(variant);
       const long before = allocations.load();
       for (int t = 0; t < 5; ++t) {
+        absent = t % 2 == 0 ? 1 : 0;
         opt.set_staging_budget(t % 2 == 1 ? 1 : opt.staging_slot_bytes() * 2);  // falls back every other step
         if (t == 3) {
           opt.begin_backward();
+          opt.grad_ready(2);
           opt.grad_ready(1);
           opt.grad_ready(0);
         }

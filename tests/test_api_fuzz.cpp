@@ -1,6 +1,7 @@
 // A stateful fuzzer of the optimizer's API. From a seed it builds a random model
 // (sizes including 0 and 1, random dtypes and groups, host or emulated-device
-// placement) and runs a random sequence of calls mixing valid and invalid arguments.
+// placement) and runs a random sequence of calls mixing valid and invalid arguments
+// (new gradients may leave a random subset absent: torch's None, skipped).
 // After every call:
 //  - a call that threw left every parameter and every state tensor bit-identical;
 //  - a call that succeeded left the optimizer bit-identical to a reference
@@ -48,7 +49,10 @@ struct Live {
 template <>
 struct dos::tensor_traits<Live> {
   static TensorView value(const Live& l) { return {l.p->value, l.p->numel, l.p->dtype, l.p->device}; }
-  static ConstTensorView grad(const Live& l) { return {l.p->grad, l.p->numel, l.p->dtype, l.p->device}; }
+  static ConstTensorView grad(const Live& l) {
+    if (l.p->absent != nullptr && *l.p->absent != 0) return ConstTensorView::absent();  // torch's None
+    return {l.p->grad, l.p->numel, l.p->dtype, l.p->device};
+  }
 };
 
 namespace {
@@ -77,6 +81,7 @@ std::vector<float> snapshot(Opt& opt, test::MixedModel& model, const std::vector
   if (!bytes.empty()) std::memcpy(tail.data(), bytes.data(), bytes.size());
   out.insert(out.end(), tail.begin(), tail.end());
   out.push_back(static_cast<float>(opt.step_count()));
+  for (std::size_t p = 0; p < opt.num_params(); ++p) out.push_back(static_cast<float>(opt.step_count(p)));
   out.push_back(static_cast<float>(opt.loss_scale()));
   return out;
 }
@@ -188,6 +193,12 @@ void fuzz_one(std::uint64_t seed) {
         ++grad_step;
         sm.set_gradients(grad_step);
         rm.set_gradients(grad_step);
+        const bool some_absent = rng.below(2) == 0;  // a random subset has no gradient (torch's None)
+        for (std::size_t t = 0; t < specs.size(); ++t) {
+          const bool none = some_absent && rng.below(3) == 0;
+          sm.set_absent(t, none);
+          rm.set_absent(t, none);
+        }
         if (rng.below(3) == 0) {
           const std::size_t t = rng.below(specs.size());
           if (specs[t].numel > 0) {

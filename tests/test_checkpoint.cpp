@@ -197,7 +197,8 @@ TEST_CASE("the saved files: torch's state_dict names, an index naming them, noth
   Saved s;
   const nlohmann::json x = s.index_json();
   CHECK(x["format"] == "dos-optimizer-checkpoint");
-  CHECK(x["format_version"] == 1);
+  CHECK(x["format_version"] == 2);
+  CHECK(x["params"][0]["step"] == 2);  // each parameter's own count (format 2)
   CHECK(x["step_count"] == 2);  // call 3 overflowed
   CHECK(x["schedule_index"] == 3);
   CHECK(x["loss_scaler"]["scale"] == 512.0);
@@ -223,6 +224,45 @@ TEST_CASE("the saved files: torch's state_dict names, an index naming them, noth
   }
   CHECK(files == 2);
   CHECK(after == 2);
+}
+
+TEST_CASE("per-parameter step counts: saved (format 2), restored, and a format 1 index still loads") {
+  TempDir dir{"steps"};
+  RunSpec spec{.specs = test::mixed_specs(false), .overflow_call = 0};
+  Run<CpuBackend> a(spec);
+  // Parameters 2 and 5 have no gradient at some steps (torch's None): their counts lag.
+  for (std::int64_t call = 1; call <= 4; ++call) {
+    a.model.set_gradients(call);
+    a.model.set_absent(2, call % 2 == 0);
+    a.model.set_absent(5, call != 3);
+    a.opt.step();
+  }
+  a.model.set_absent(2, false);
+  a.model.set_absent(5, false);
+  std::vector<std::int64_t> counts;
+  for (std::size_t p = 0; p < a.opt.num_params(); ++p) counts.push_back(a.opt.step_count(p));
+  CHECK(counts != std::vector<std::int64_t>(counts.size(), 4));
+  save(a.opt, dir.path);
+  const nlohmann::json x = nlohmann::json::parse(read_file(dir.path / "index.json"));
+  for (std::size_t p = 0; p < counts.size(); ++p) CHECK(x["params"][p]["step"] == counts[p]);
+
+  const auto values = a.values();
+  Run<CpuBackend> b(spec, &values);
+  load(b.opt, dir.path);
+  CHECK(test::same_bits(test::full_state(a.opt), test::full_state(b.opt)));
+  a.run_to(8);
+  b.run_to(8);
+  CHECK(test::same_bits(test::full_state(a.opt), test::full_state(b.opt)));
+  CHECK(a.values() == b.values());
+
+  // Format 1: no per-parameter steps; every parameter takes step_count.
+  nlohmann::json old = x;
+  old["format_version"] = 1;
+  for (auto& e : old["params"]) e.erase("step");
+  write_file(dir.path / "index.json", old.dump());
+  Run<CpuBackend> c(spec);
+  load(c.opt, dir.path);
+  for (std::size_t p = 0; p < c.opt.num_params(); ++p) CHECK(c.opt.step_count(p) == x["step_count"].get<std::int64_t>());
 }
 
 TEST_CASE("broken checkpoints: a clear error naming the file and tensor, the optimizer untouched") {
@@ -283,9 +323,16 @@ TEST_CASE("broken checkpoints: a clear error naming the file and tensor, the opt
   SUBCASE("a newer format version") {
     Saved s;
     nlohmann::json x = s.index_json();
-    x["format_version"] = 2;
+    x["format_version"] = 3;
     write_file(s.index(), x.dump());
-    expect_load_error<std::runtime_error>(s.dir.path, {"index.json", "format version 2 is newer than this dos reads (1)"});
+    expect_load_error<std::runtime_error>(s.dir.path, {"index.json", "format version 3 is newer than this dos reads (2)"});
+  }
+  SUBCASE("a per-parameter step out of range") {
+    Saved s;
+    nlohmann::json x = s.index_json();
+    x["params"][1]["step"] = -3;
+    write_file(s.index(), x.dump());
+    expect_load_error<std::runtime_error>(s.dir.path, {"index.json", "params[1].step -3 is out of range"});
   }
   SUBCASE("an index with a wrong field type or invalid hyperparameters") {
     Saved s;

@@ -9,7 +9,10 @@ state.<param>.exp_avg / exp_avg_sq / max_exp_avg_sq / master (float32). to-torch
 writes {"state": {p: {"step", "exp_avg", ...}}, "param_groups": [...]} as
 torch.optim.Adam/AdamW's state_dict() does (load it with optimizer.load_state_dict),
 plus a "dos" entry (ignored by torch) with what torch has no place for, so from-torch
-restores the same checkpoint. dos stores tensors 1-D; --params (a torch.save'd list of
+restores the same checkpoint. Each parameter keeps its own step count both ways (torch's
+state[p]["step"]: a parameter whose .grad was None at a step did not advance); a format 1
+index has one count for all. A torch parameter without state (never stepped) comes back
+at step 0 with zero moments. dos stores tensors 1-D; --params (a torch.save'd list of
 tensors, or a model's state_dict, in the optimizer's parameter order) gives their
 shapes. Checksums (XXH64) are verified on reading and written on writing.
 
@@ -24,7 +27,7 @@ import struct
 import sys
 
 FORMAT = "dos-optimizer-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: each parameter's own step count (params[p].step); 1 still reads
 DTYPE_SIZES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
                "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 KINDS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master")
@@ -213,7 +216,7 @@ def to_torch(args):
         shapes = [t.shape for t in (loaded.values() if isinstance(loaded, dict) else loaded)]
     state = {}
     for p, info in enumerate(index["params"]):
-        entry = {"step": torch.tensor(float(index["step_count"]))}
+        entry = {"step": torch.tensor(float(info.get("step", index["step_count"])))}
         for kind in KINDS:
             name = "state.%d.%s" % (p, kind)
             if name in tensors:
@@ -227,7 +230,8 @@ def to_torch(args):
         groups.append({"lr": g["lr"], "betas": tuple(g["betas"]), "eps": g["eps"], "weight_decay": g["weight_decay"],
                        "amsgrad": g["amsgrad"], "maximize": g["maximize"], "foreach": None, "capturable": False,
                        "decoupled_weight_decay": g["decoupled_weight_decay"], "params": list(g["params"])})
-    dos = {k: index[k] for k in ("dos_version", "schedule_index", "loss_scaler", "subgroup_elements", "params")}
+    dos = {k: index[k] for k in ("dos_version", "step_count", "schedule_index", "loss_scaler", "subgroup_elements",
+                                 "params")}
     torch.save({"state": state, "param_groups": groups, "dos": dos}, args.out)
 
 
@@ -237,22 +241,29 @@ def from_torch(args):
     dos = sd.get("dos", {})
     order = [p for g in sd["param_groups"] for p in g["params"]]
     remap = {old: new for new, old in enumerate(order)}  # dos numbers parameters group by group
-    params, tensors, steps = [], [], set()
+    amsgrad = {p: bool(g.get("amsgrad", False)) for g in sd["param_groups"] for p in g["params"]}
+    params, tensors = [], []
     for new, old in enumerate(order):
         st = sd["state"].get(old)
-        if st is None:
-            raise CheckpointError("%s: parameter %s has no state (never stepped?)" % (args.sd, old))
-        steps.add(int(float(st["step"])))
-        numel = st["exp_avg"].numel()
         dtype = dos["params"][new]["dtype"] if "params" in dos else "float32"
-        params.append({"numel": numel, "dtype": dtype})
+        if st is None:
+            # Never stepped (torch keeps no state for it): step 0 and zero moments, when
+            # the size is known and no master is needed (dos reads it from the value).
+            if "params" not in dos or dtype != "float32":
+                raise CheckpointError("%s: parameter %s has no state (never stepped?) and the state_dict does not "
+                                      "say its size and type" % (args.sd, old))
+            numel = dos["params"][new]["numel"]
+            st = {"step": 0, "exp_avg": torch.zeros(numel), "exp_avg_sq": torch.zeros(numel)}
+            if amsgrad[old]:
+                st["max_exp_avg_sq"] = torch.zeros(numel)
+        numel = st["exp_avg"].numel()
+        params.append({"numel": numel, "dtype": dtype, "step": int(float(st["step"]))})
         for kind in KINDS:
             if kind in st:
                 t = st[kind].detach().to(torch.float32).contiguous().reshape(-1)
                 tensors.append(("state.%d.%s" % (new, kind), [numel], t.numpy().astype("<f4").tobytes()))
-    if len(steps) > 1:
-        raise CheckpointError("%s: parameters are at different steps %s; dos keeps one step count" % (args.sd, sorted(steps)))
-    step = steps.pop() if steps else 0
+    # The optimizer's own count (applied step() calls); torch has none: the largest.
+    step = dos.get("step_count", max((p["step"] for p in params), default=0))
     groups = []
     for g in sd["param_groups"]:
         groups.append({"lr": g["lr"], "betas": list(g["betas"]), "eps": g["eps"], "weight_decay": g["weight_decay"],

@@ -3,7 +3,8 @@
   test_dos_checkpoint.py FIXTURE WORKDIR
 FIXTURE is tests/checkpoint_fixture. A dos checkpoint goes to torch and continues there
 within torch.testing's float32 tolerance of dos's own continuation; the state_dict
-comes back as a dos checkpoint with the same bits, which dos loads and resumes
+comes back as a dos checkpoint with the same bits (parameter 1 skips every third call:
+per-parameter step counts both ways), which dos loads and resumes
 bit for bit; a corrupted file is refused by both. Exits 77 (skipped) without torch."""
 
 import json
@@ -43,10 +44,12 @@ def main():
     params = [f32("value.%d.start" % p).clone().requires_grad_() for p in range(4)]
     opt = torch.optim.AdamW([{"params": params[:2]}, {"params": params[2:]}], lr=1.0)
     opt.load_state_dict(sd)
+    assert [float(opt.state[p]["step"]) for p in params] == [4.0, 3.0, 4.0, 4.0]  # parameter 1 skipped call 3
     assert opt.param_groups[1]["amsgrad"] and opt.param_groups[0]["weight_decay"] == 0.1
     for call in range(5, 10):
         for p in range(4):
-            params[p].grad = f32("grad.%d.%d" % (p, call))
+            name = "grad.%d.%d" % (p, call)
+            params[p].grad = f32(name) if name in traj else None  # None: skipped, its own step stays
         opt.step()
     for p in range(4):
         torch.testing.assert_close(params[p].detach(), f32("value.%d.end" % p), rtol=1.3e-6, atol=1e-5)
@@ -62,6 +65,15 @@ def main():
     for key in ("step_count", "schedule_index", "param_groups", "params", "loss_scaler"):
         assert index_a[key] == index_b[key], key
     subprocess.run([fixture, "resume", back], check=True)
+
+    # A parameter torch never stepped has no state: it comes back at step 0, zero moments.
+    sd_missing = dict(sd, state={k: v for k, v in sd["state"].items() if k != 1})
+    torch.save(sd_missing, os.path.join(work, "sd_missing.pt"))
+    missing = os.path.join(work, "missing")
+    assert tool.main(["from-torch", os.path.join(work, "sd_missing.pt"), missing]) == 0
+    index_m, tensors_m = tool.read_checkpoint(missing)
+    assert index_m["params"][1]["step"] == 0 and index_m["params"][0]["step"] == 4
+    assert not any(tensors_m["state.1.exp_avg"][2]) and not any(tensors_m["state.1.exp_avg_sq"][2])
 
     # A flipped byte: the tool and dos both refuse it, naming the tensor.
     rank = os.path.join(back, index_b["ranks"][0]["file"])

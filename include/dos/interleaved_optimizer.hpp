@@ -26,15 +26,16 @@
 #include "dos/options.hpp"
 #include "dos/state/param_table.hpp"
 #include "dos/state/state_store.hpp"
+#include "dos/state/step_counts.hpp"
 #include "dos/train/accumulator.hpp"
 #include "dos/train/grad_norm.hpp"
 #include "dos/train/lr_schedules.hpp"
 #include "dos/train/rank_agreement.hpp"
 
 #include <chrono>
-#include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -85,7 +86,7 @@ class InterleavedOptimizer {
         store_([&](std::span<const std::size_t> sizes) { return partitioner_.partition(sizes); }, params_, amsgrad_of(groups_),
                engine::pinned_resource(backend_, options_.huge_pages), [&](const TensorView& v, std::size_t off, std::span<float> out) { values_.read(v, off, out); }),
         engine_(engine::make_engine<Engine>(backend_, cpu_, store_, params_, values_, options_.interleave)), norm_(params_.size(), store_.chunks().size()), scaler_(options_.loss_scaling),
-        schedules_(groups_.size()) {}
+        schedules_(groups_.size()), steps_(params_.size(), groups_.size()) {}
 
   InterleavedOptimizer(const InterleavedOptimizer&) = delete;
   InterleavedOptimizer& operator=(const InterleavedOptimizer&) = delete;
@@ -141,12 +142,14 @@ class InterleavedOptimizer {
   /// @brief Parameter @p param's gradient is final for this backward pass: its norm
   ///        contribution and overflow check are taken now; a device gradient bound for
   ///        the CPU starts its copy. The gradient must stay unchanged until `step()`
-  ///        returns. May be called from several threads at once.
+  ///        returns. May be called from several threads at once. An absent gradient
+  ///        (`ConstTensorView::absent()`) is ignored: `step()` reads the view again.
   /// @throws std::invalid_argument for a bad index or view; nothing changes then.
   void grad_ready(std::size_t param) {
     const CallGuard::Shared busy(guard_, "grad_ready()");
     const TensorView v = params_.read_value(params_.checked(param));
     const ConstTensorView g = params_.read_grad(param, v);
+    if (g.is_absent()) return;
     engine_.wait_for_framework();
     if (accumulator_.active()) return;  // the step reads the sums, not this gradient
     norm_.record(param, params_.on_device(param) ? engine_.device_grad_stats(g)
@@ -155,6 +158,7 @@ class InterleavedOptimizer {
   }
   /// @brief Adds every parameter's current gradient into an fp32 host accumulator (one
   ///        micro-batch done); the next `step()` updates from the sum, then clears it.
+  ///        An absent gradient adds nothing; a parameter absent in every micro-batch is skipped.
   /// @throws std::invalid_argument for a bad view, or a gradient on a device.
   void accumulate() {
     const CallGuard::Exclusive busy(guard_, "accumulate()");
@@ -163,14 +167,22 @@ class InterleavedOptimizer {
   /// @brief Micro-batches accumulated since the last step.
   std::int64_t micro_batches() const noexcept { return accumulator_.micro_batches(); }
 
-  /// @brief Steps taken so far (skipped steps excluded).
+  /// @brief Steps applied so far (skipped steps excluded).
   std::int64_t step_count() const noexcept { return step_; }
-  /// @brief Sets the step count, for resuming from a checkpoint.
+  /// @brief Sets the step count and every parameter's, for resuming from a checkpoint.
   void set_step_count(std::int64_t t) {
     const CallGuard::Exclusive busy(guard_, "set_step_count()");
-    if (t < 0 || t == std::numeric_limits<std::int64_t>::max())
-      throw_invalid_argument("step count must be in [0, {}), got {}", std::numeric_limits<std::int64_t>::max(), t);
+    steps_.set_all(t);
     step_ = t;
+  }
+  /// @brief Steps parameter @p param took: torch's `state[p]["step"]`. Steps at which it
+  ///        had no gradient are not counted; its bias corrections use this count.
+  std::int64_t step_count(std::size_t param) const { return steps_.count(params_.checked(param)); }
+  /// @brief Sets parameter @p param's step count, for resuming (after `set_step_count(t)`);
+  ///        throws std::invalid_argument for a bad index or @p t outside [0, INT64_MAX).
+  void set_step_count(std::size_t param, std::int64_t t) {
+    const CallGuard::Exclusive busy(guard_, "set_step_count()");
+    steps_.set(params_.checked(param), t);
   }
 
   std::size_t num_params() const noexcept { return params_.size(); }
@@ -285,6 +297,7 @@ class InterleavedOptimizer {
       if (step_ == std::numeric_limits<std::int64_t>::max())
         throw_invalid_argument("the step count is {}, the largest there is: it cannot advance", step_);
       params_.refresh([&](std::size_t i, const ConstTensorView& v) { return accumulator_.active() ? accumulator_.view(i) : v; });
+      steps_.check_can_advance(params_);
       store_.bind(cpu_);  // the segment table now points at this step's views
       schedules_.prepare(groups_);
       if (!need_norm) return GradSummary{};
@@ -294,39 +307,25 @@ class InterleavedOptimizer {
     StepReport report;
     report.step = step_;
     report.loss_scale = scaler_.scale();
-    // 2. Factors: every gradient is multiplied by 1/scale (a power of two: exact) times
-    //    the clipping coefficient, as torch's unscale_ then clip_grad_norm_ do.
+    // 2. Factors: 1/scale times the clipping coefficient (`step_multiplier`), or skip on overflow.
     float multiplier = 1;
     if (need_norm) {
-      report.nonfinite_params = sum.nonfinite_params;
-      report.first_nonfinite_param = sum.first_nonfinite_param;
-      multiplier = scaler_.inverse();
-      report.grad_norm = static_cast<float>(std::sqrt(sum.sum_squares) * static_cast<double>(multiplier));
-      // Unscaling by a scale below 1 can itself overflow: an element beyond the float
-      // range makes the norm infinite, where torch's unscale_ finds an inf and skips.
-      if ((sum.nonfinite_params > 0 && skip_nonfinite) || (scaler_.enabled() && !detail::finite_bits(report.grad_norm))) {
-        report.overflow = true;
+      const std::optional<float> m = step_multiplier(sum, scaler_, skip_nonfinite, options_.max_grad_norm, report);
+      if (!m) {
         scaler_.overflowed();
         end_phase();
         report.seconds = seconds();
         return report;
       }
-      if (options_.max_grad_norm > 0) {
-        report.clip_coef = clip_coefficient(static_cast<float>(report.grad_norm), options_.max_grad_norm);
-        multiplier *= static_cast<float>(report.clip_coef);  // exact: the inverse scale is a power of two
-      }
+      multiplier = *m;
     }
-    const std::int64_t t = step_ + 1;
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-      store_.coefficients(g) = coefficients(groups_[g], t);
-      store_.coefficients(g).grad_sign *= multiplier;  // +-1 times it: exact
-    }
-    engine_.update(report, t);  // 3. Update every subgroup once.
-    scaler_.applied();          // 4. Advance.
+    steps_.prepare(store_, params_, groups_, multiplier);  // per group, and per parameter whose count differs
+    engine_.update(report, step_ + 1);  // 3. Update every subgroup once (parameters without a gradient skipped).
+    scaler_.applied();                  // 4. Advance.
+    report.elements = steps_.advance(params_);
     end_phase();
-    report.step = step_ = t;
+    report.step = ++step_;
     report.applied = true;
-    report.elements = params_.total_elements();
     report.seconds = seconds();
     return report;
   }
@@ -357,6 +356,7 @@ class InterleavedOptimizer {
   LossScaler scaler_;
   LrSchedules schedules_;
   GradAccumulator accumulator_;
+  StepCounts steps_;  // per parameter
   std::vector<ConstTensorView> grads_scratch_;  // accumulate()'s views
   std::int64_t step_ = 0;
   CallGuard guard_;

@@ -4,7 +4,9 @@
 
 Same constructor signature, defaults, ``step(closure)``, ``zero_grad``, LR
 schedulers and ``state_dict`` layout as torch's, so a checkpoint moves between
-``torch.optim.AdamW`` and ``dos.torch.AdamW`` both ways. torch is used only through
+``torch.optim.AdamW`` and ``dos.torch.AdamW`` both ways. A parameter whose ``.grad``
+is None at a step (an unused branch, a frozen parameter) is skipped, as torch skips it,
+and keeps its own step count (``state[p]["step"]``). torch is used only through
 its public API: the engine gets raw views (data pointer, element count, dtype,
 device), refreshed before every step, so this works with any torch from 1.13 on.
 """
@@ -130,18 +132,39 @@ class _DosAdamBase(Optimizer):
         return c
 
     def add_param_group(self, param_group):
-        if self._engine is not None:
-            if self._engine.step_count() > 0 or self.last_report is not None:
-                # torch keeps one step count per parameter; dos keeps one for all, so a
-                # group joining late would get the wrong bias corrections.
-                raise RuntimeError(
-                    "dos: add_param_group after the first step() is not supported: dos keeps one step count for "
-                    "all parameters (torch keeps one per parameter); build the optimizer with every group")
+        if self._engine is None:  # torch's constructor adding its groups
             super().add_param_group(param_group)
-            self._check_config(self.param_groups[-1], len(self.param_groups) - 1)
-            self._build()  # nothing stepped yet: rebuilding loses no state
             return
+        # A new engine over every group; the state moves over as a state_dict (the new
+        # group's parameters have none: step 0, as in torch), so nothing is lost.
+        saved = self.state_dict() if self._stepped() else None
+        scaler = (self._engine.loss_scale(), self._engine.loss_scale_growth_tracker(), self._engine.step_count())
+        old_groups = list(self.param_groups)
         super().add_param_group(param_group)
+        try:
+            self._check_config(self.param_groups[-1], len(self.param_groups) - 1)
+            self._build()
+        except Exception:
+            self.param_groups[:] = old_groups
+            self._build()
+            raise
+        if saved is not None:
+            first = sum(len(g["params"]) for g in old_groups)
+            packed = {k: v for k, v in self.param_groups[-1].items() if k != "params"}
+            packed["params"] = list(range(first, first + len(self.param_groups[-1]["params"])))
+            saved["param_groups"].append(packed)
+            self.load_state_dict(saved)
+            # load_state_dict set the optimizer's own count to the largest: restore it
+            # (set_step_count sets every parameter's too, so theirs go back after).
+            counts = [self._engine.param_step_count(i) for i in range(len(self._flat))]
+            self._engine.set_step_count(scaler[2])
+            for i, t in enumerate(counts):
+                self._engine.set_param_step_count(i, t)
+        if self._options.loss_scaling is not None:
+            self._engine.set_loss_scaler_state(scaler[0], scaler[1])
+
+    def _stepped(self):
+        return any(self._engine.param_step_count(i) > 0 for i in range(len(self._flat)))
 
     def _params(self):
         return [p for g in self.param_groups for p in g["params"]]
@@ -158,19 +181,11 @@ class _DosAdamBase(Optimizer):
         if not p.is_contiguous():
             raise ValueError(f"dos: {self._name(i)} is not contiguous; dos updates flat storage")
 
-    def _check_trainable(self, i, p):
-        # torch would skip a frozen parameter at every step (no gradient); dos updates
-        # every parameter it holds (one step count for all), so say so now, not at step().
-        if not p.requires_grad:
-            raise ValueError(f"dos: {self._name(i)} does not require grad (frozen?); dos updates every parameter it "
-                             "is given at every step, so leave frozen parameters out of the optimizer")
-
     def _build(self):
         self._flat = self._params()
         self._where = [(g, j) for g, group in enumerate(self.param_groups) for j in range(len(group["params"]))]
         for i, p in enumerate(self._flat):
-            self._check_param(i, p)
-            self._check_trainable(i, p)
+            self._check_param(i, p)  # a frozen one (requires_grad False) is accepted: it never has a gradient
         configs = [self._check_config(g, k) for k, g in enumerate(self.param_groups)]
         engine = _core.Optimizer([_raw(p.detach()) for p in self._flat],
                                  [len(g["params"]) for g in self.param_groups], configs, self._options)
@@ -192,7 +207,7 @@ class _DosAdamBase(Optimizer):
         def report(i, p):
             opt = this()
             if opt is None or opt._engine is None or p.grad is None:
-                return
+                return  # None: step() finds it absent too and skips the parameter
             g = p.grad
             if g.is_sparse or not g.is_contiguous() or g.dtype not in _DTYPE_CODES:
                 return  # step() raises with the reason
@@ -249,19 +264,18 @@ class _DosAdamBase(Optimizer):
         views = []
         for i, p in enumerate(self._flat):
             g = p.grad
+            self._check_param(i, p)
             if g is None:
-                # torch skips such a parameter, but its state then falls behind the
-                # others' step count; dos keeps one count for all and cannot.
-                raise ValueError(f"dos: {self._name(i)} has no gradient (.grad is None); dos updates every parameter "
-                                 "at every step (one step count for all), so every parameter needs a gradient. "
-                                 "Give unused parameters a zero gradient, or leave them out of the optimizer")
+                # As torch does: skipped this step (value and state untouched), and its
+                # own step count stays behind the others'.
+                views.append((_raw(p.detach()), None))
+                continue
             if g.is_sparse or g.layout != torch.strided:
                 raise TypeError(f"dos: {self._name(i)} has a sparse gradient; dos needs dense gradients")
             if g.dtype not in _DTYPE_CODES:
                 raise TypeError(f"dos: {self._name(i)} has a {g.dtype} gradient")
             if not g.is_contiguous():
                 raise ValueError(f"dos: {self._name(i)}: its gradient is not contiguous")
-            self._check_param(i, p)
             views.append((_raw(p.detach()), _raw(g)))
         for i, (v, g) in enumerate(views):
             self._engine.set_views(i, v, g)
@@ -292,7 +306,9 @@ class _DosAdamBase(Optimizer):
 
     def state_dict(self):
         """torch's layout: ``state[i] = {step, exp_avg, exp_avg_sq[, max_exp_avg_sq]}``
-        (fp32), plus ``master``, the fp32 master weights, for 16-bit parameters."""
+        (fp32), plus ``master``, the fp32 master weights, for 16-bit parameters. ``step``
+        is the parameter's own count; like torch, a parameter never stepped (its grad
+        was None at every step) has no entry."""
         groups = []
         index = 0
         for group in self.param_groups:
@@ -303,12 +319,14 @@ class _DosAdamBase(Optimizer):
             index += len(group["params"])
             groups.append(packed)
         state = {}
-        step = self._engine.step_count()
-        if step > 0:  # like torch, no state before the first update
+        steps = [self._engine.param_step_count(i) for i in range(len(self._flat))]
+        if any(steps):  # like torch, no state before a parameter's first update
             self._refresh_values()
             for i, p in enumerate(self._flat):
+                if steps[i] == 0:
+                    continue
                 amsgrad = self.param_groups[self._where[i][0]]["amsgrad"]
-                s = {"step": torch.tensor(float(step))}
+                s = {"step": torch.tensor(float(steps[i]))}
                 for key in _STATE_KEYS + ("master",):
                     if (key == "max_exp_avg_sq" and not amsgrad) or (key == "master" and not self._has_master(p)):
                         continue
@@ -320,7 +338,9 @@ class _DosAdamBase(Optimizer):
 
     def load_state_dict(self, state_dict):
         """Loads a dos or torch checkpoint. Everything is checked before anything
-        changes. The master weights of 16-bit parameters come from the checkpoint's
+        changes. Each parameter resumes at its own ``step`` (parameters may differ, as
+        torch's do after skipped steps); one without state starts at step 0 with zero
+        moments. The master weights of 16-bit parameters come from the checkpoint's
         ``master`` if present, else from the parameters' current values."""
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
@@ -346,35 +366,25 @@ class _DosAdamBase(Optimizer):
         saved_state = state_dict["state"]
         states = [saved_state.get(sid) for sid in saved_ids]
         present = [i for i, s in enumerate(states) if s]
-        step = 0
-        if present:
-            steps = {}
-            for i in present:
-                st = states[i].get("step")
-                if st is None:
-                    raise ValueError(f"dos: the checkpoint's state of {self._name(i)} has no 'step'")
-                st = float(st.item() if torch.is_tensor(st) else st)
-                if st != math.floor(st) or st < 0:
-                    raise ValueError(f"dos: the checkpoint's step of {self._name(i)} is {st}, not a count")
-                steps.setdefault(int(st), i)
-            missing = [i for i, s in enumerate(states) if not s]
-            if len(steps) > 1 or missing:
-                detail = (f"{self._name(missing[0])} has no state" if missing else
-                          ", ".join(f"{self._name(i)} is at step {t}" for t, i in steps.items()))
-                raise ValueError("dos: the checkpoint's parameters are at different steps, but dos keeps one step "
-                                 f"count for all: {detail}")
-            step = next(iter(steps))
-            for i in present:
-                p, s = self._flat[i], states[i]
-                keys = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if configs[self._where[i][0]].amsgrad else [])
-                for key in keys + (["master"] if "master" in s else []):
-                    t = s.get(key)
-                    if t is None:
-                        raise ValueError(f"dos: the checkpoint's state of {self._name(i)} has no '{key}'")
-                    if not torch.is_tensor(t) or t.numel() != p.numel():
-                        raise ValueError(f"dos: the checkpoint's '{key}' of {self._name(i)} has "
-                                         f"{t.numel() if torch.is_tensor(t) else type(t).__name__} elements, the "
-                                         f"parameter {p.numel()}")
+        steps = [0] * len(states)
+        for i in present:
+            st = states[i].get("step")
+            if st is None:
+                raise ValueError(f"dos: the checkpoint's state of {self._name(i)} has no 'step'")
+            st = float(st.item() if torch.is_tensor(st) else st)
+            if st != math.floor(st) or st < 0 or st >= 2.0 ** 63 - 1:
+                raise ValueError(f"dos: the checkpoint's step of {self._name(i)} is {st}, not a count")
+            steps[i] = int(st)
+            p, s = self._flat[i], states[i]
+            keys = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if configs[self._where[i][0]].amsgrad else [])
+            for key in keys + (["master"] if "master" in s else []):
+                t = s.get(key)
+                if t is None:
+                    raise ValueError(f"dos: the checkpoint's state of {self._name(i)} has no '{key}'")
+                if not torch.is_tensor(t) or t.numel() != p.numel():
+                    raise ValueError(f"dos: the checkpoint's '{key}' of {self._name(i)} has "
+                                     f"{t.numel() if torch.is_tensor(t) else type(t).__name__} elements, the "
+                                     f"parameter {p.numel()}")
         self._refresh_values()
         # Checked; now write.
         for i, p in enumerate(self._flat):
@@ -391,7 +401,9 @@ class _DosAdamBase(Optimizer):
                 src = (p.detach() if m is None else m.detach()).to(device="cpu", dtype=torch.float32)
                 src = src.contiguous().view(-1)
                 self._engine.write_state(i, "master", src.data_ptr(), src.numel())
-        self._engine.set_step_count(step)
+        self._engine.set_step_count(max(steps, default=0))  # torch has no optimizer-wide count: the largest
+        for i, t in enumerate(steps):
+            self._engine.set_param_step_count(i, t)
         for k, c in enumerate(configs):
             self._engine.set_hyperparameters(k, c)
         self.param_groups[:] = new_groups

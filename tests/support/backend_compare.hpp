@@ -60,6 +60,8 @@ struct Drive {
   bool backward_api = false;   ///< begin_backward() and grad_ready() (last parameter first)
   std::optional<LossScaling> loss_scaling{};  ///< dynamic loss scaling on both sides
   int overflow_at = 0;  ///< this step, element 0 of the first device tensor's gradient is +inf
+  unsigned absent_percent = 0;  ///< each step, each tensor has no gradient with this chance (both sides)
+  std::uint64_t absent_seed = 1;
 };
 
 // Element @p i of a gradient, set to @p x where it lies (host or device memory).
@@ -90,10 +92,16 @@ std::vector<StepReport> compare_trajectories(const std::vector<TensorSpec>& spec
   if (expect_subgroups != 0) REQUIRE(opt.subgroups().size() == expect_subgroups);
   if (budget_slots != 0) opt.set_staging_budget(budget_slots * opt.staging_slot_bytes());
   std::vector<StepReport> reports;
+  Rng absent(drive.absent_seed);
   for (int t = 1; t <= steps; ++t) {
     if (drive.backward_api) opt.begin_backward();
     host.set_gradients(t);
     device.set_gradients(t);
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      const bool none = absent.below(100) < drive.absent_percent && !(t == drive.overflow_at && i == dev_param);
+      host.set_absent(i, none);
+      device.set_absent(i, none);
+    }
     if (t == drive.overflow_at) {
       const float inf = std::numeric_limits<float>::infinity();
       store_element<Access>(host.grad(dev_param), specs[dev_param].dtype, Device::host, 0, inf);
@@ -110,11 +118,13 @@ std::vector<StepReport> compare_trajectories(const std::vector<TensorSpec>& spec
     reports.push_back(opt.step());
     REQUIRE(reports.back().applied == expected.applied);
     REQUIRE(reports.back().overflow == expected.overflow);
+    REQUIRE(reports.back().grad_norm == expected.grad_norm);
     REQUIRE(reports.back().applied == (t != drive.overflow_at));
     REQUIRE(opt.loss_scale() == reference.loss_scale());
     REQUIRE(host.value_bytes() == device.value_bytes());
   }
   CHECK(same_bits(all_state(reference), all_state(opt)));
+  for (std::size_t p = 0; p < opt.num_params(); ++p) CHECK(opt.step_count(p) == reference.step_count(p));
   const auto order = device.optimizer_order();
   for (std::size_t p = 0; p < opt.num_params(); ++p)
     if (opt.hyperparameters(specs[order[p]].group).amsgrad) {

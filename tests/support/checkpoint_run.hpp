@@ -117,7 +117,7 @@ struct Run {
   }
 };
 
-/// Every state tensor (vmax where amsgrad), the counters and the loss scaler, as bits.
+/// Every state tensor (vmax where amsgrad), the counters (each parameter's too) and the loss scaler, as bits.
 template <class Opt>
 std::vector<float> full_state(Opt& opt) {
   std::vector<float> out = all_state(opt);
@@ -128,6 +128,7 @@ std::vector<float> full_state(Opt& opt) {
       out.insert(out.end(), v.begin(), v.end());
     }
   out.push_back(static_cast<float>(opt.step_count()));
+  for (std::size_t p = 0; p < opt.num_params(); ++p) out.push_back(static_cast<float>(opt.step_count(p)));
   out.push_back(static_cast<float>(opt.schedule_index()));
   out.push_back(static_cast<float>(opt.loss_scale()));
   out.push_back(static_cast<float>(opt.loss_scale_growth_tracker()));

@@ -31,6 +31,7 @@ struct MixedParam {
   std::size_t numel = 0;
   DType dtype = DType::f32;
   Device device = Device::host;
+  const std::uint8_t* absent = nullptr;  ///< when set and non-zero: no gradient this step
 };
 
 }  // namespace dos::test
@@ -38,7 +39,10 @@ struct MixedParam {
 template <>
 struct dos::tensor_traits<dos::test::MixedParam> {
   static TensorView value(const test::MixedParam& p) { return {p.value, p.numel, p.dtype, p.device}; }
-  static ConstTensorView grad(const test::MixedParam& p) { return {p.grad, p.numel, p.dtype, p.device}; }
+  static ConstTensorView grad(const test::MixedParam& p) {
+    if (p.absent != nullptr && *p.absent != 0) return ConstTensorView::absent();
+    return {p.grad, p.numel, p.dtype, p.device};
+  }
 };
 
 namespace dos::test {
@@ -88,6 +92,7 @@ class BasicMixedModel {
       storage_.push_back(std::move(st));
     }
     for (std::size_t t = 0; t < specs_.size(); ++t) fill(t, value(t), [&](std::size_t i) { return initial_param(t, i); });
+    absent_.assign(specs_.size(), 0);
   }
   BasicMixedModel(BasicMixedModel&&) = default;
 
@@ -100,12 +105,16 @@ class BasicMixedModel {
                                             : static_cast<void*>(storage_[t].dev_grad.data());
   }
   const std::vector<TensorSpec>& specs() const { return specs_; }
+  /// Tensor @p t has no gradient (torch's None) until set back; views see it at once.
+  void set_absent(std::size_t t, bool absent) { absent_[t] = absent ? 1 : 0; }
+  bool absent(std::size_t t) const { return absent_[t] != 0; }
 
   std::vector<ParamGroup<MixedParam>> groups() {
     std::vector<ParamGroup<MixedParam>> out(hyper_.size());
     for (std::size_t g = 0; g < hyper_.size(); ++g) out[g].hyper = hyper_[g];
     for (std::size_t t = 0; t < specs_.size(); ++t)
-      out[specs_[t].group].params.push_back({value(t), grad(t), specs_[t].numel, specs_[t].dtype, specs_[t].device});
+      out[specs_[t].group].params.push_back(
+          {value(t), grad(t), specs_[t].numel, specs_[t].dtype, specs_[t].device, &absent_[t]});
     return out;
   }
 
@@ -155,6 +164,7 @@ class BasicMixedModel {
   std::vector<AdamConfig> hyper_;
   typename Access::Memory device_;
   std::vector<Storage> storage_;
+  std::vector<std::uint8_t> absent_;  // sized once: parameters point into it
 };
 
 using MixedModel = BasicMixedModel<EmulatedAccess>;

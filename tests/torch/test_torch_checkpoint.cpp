@@ -140,7 +140,7 @@ TEST_CASE("torch::optim::AdamW's state written as a dos checkpoint continues tor
       const auto& st = static_cast<const torch::optim::AdamWParamState&>(
           *torch_opt->state().at(c10::guts::to_string(param.unsafeGetTensorImpl())));
       index.step_count = index.schedule_index = st.step();
-      index.params.push_back({static_cast<std::uint64_t>(param.numel()), DType::f32, g});
+      index.params.push_back({static_cast<std::uint64_t>(param.numel()), DType::f32, g, st.step()});
       for (const auto& [kind, t] : {std::pair{"exp_avg", st.exp_avg()}, std::pair{"exp_avg_sq", st.exp_avg_sq()}}) {
         keep.push_back(t.contiguous());
         std::vector<std::uint64_t> shape(t.sizes().begin(), t.sizes().end());

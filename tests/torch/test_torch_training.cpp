@@ -9,10 +9,12 @@
 #include <dos/adapters/torch.hpp>
 #include <dos/backend/emulated_device.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <limits>
+#include <optional>
 #include <vector>
 
 using namespace dos;
@@ -202,8 +204,15 @@ std::vector<double> train_scaled(TinyLm& m, int steps, int overflow_at, std::vec
   for (int s = 0; s < steps; ++s) {
     opt->zero_grad();
     auto loss = test::loss_of(m, test::batch(s, 16));
+    // The inf arises inside backward (a tensor hook, before the gradient is final), so
+    // the optimizer's own backward hooks see it, as they would a real overflow.
+    const auto poisoned = s == overflow_at ? std::optional<unsigned>(m->fc1->weight.register_hook([](at::Tensor g) {
+      g = g.clone();
+      g.view({-1})[5] = std::numeric_limits<float>::infinity();
+      return g;
+    })) : std::nullopt;
     (loss * opt->engine().loss_scale()).backward();
-    if (s == overflow_at) poison(m);
+    if (poisoned) m->fc1->weight.remove_hook(*poisoned);
     if (scales != nullptr) scales->push_back(opt->engine().loss_scale());
     const auto params_before = weights(m);
     const std::int64_t count = opt->engine().step_count();
@@ -264,15 +273,144 @@ TEST_CASE("overflow: an inf gradient skips exactly one step, then training conti
   CHECK(same(weights(b), weights(c)));
 }
 
-TEST_CASE("bad input: an undefined gradient and an unsupported dtype are named") {
-  auto p = torch::zeros({4}, torch::requires_grad());
+TEST_CASE("an undefined gradient skips its parameter; an unsupported dtype is named") {
+  auto p = torch::ones({4}, torch::requires_grad());
   std::vector<at::Tensor> params{p};
   TorchOptimizer<> opt(params, AdamW{});
-  CHECK_THROWS_WITH_AS(opt.step(), "dos: parameter 0: gradient has 0 elements, but the value has 4",
-                       std::invalid_argument);
+  CHECK(opt.step().applied);  // torch's None: nothing to do, as torch's AdamW does nothing
+  CHECK(torch::equal(p, torch::ones({4})));
+  CHECK(opt.engine().step_count(0) == 0);
   auto d = torch::zeros({4}, torch::TensorOptions().dtype(torch::kFloat64).requires_grad(true));
   std::vector<at::Tensor> doubles{d};
   CHECK_THROWS_WITH_AS(TorchOptimizer<>(doubles, AdamW{}),
                        "dos: a torch tensor of type Double cannot be optimised (float32, bfloat16 and float16 can)",
                        std::invalid_argument);
+}
+
+namespace {
+
+// A small LCG: the same random choices on both sides.
+struct Lcg {
+  std::uint64_t s;
+  bool chance(unsigned percent) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    return (s >> 33) % 100 < percent;
+  }
+};
+
+// Six parameters, each used by the loss only at random steps (an unused branch: its
+// gradient stays undefined), and a frozen one; `torch` and `dos` get the same draws.
+struct Branches {
+  std::vector<at::Tensor> params;
+  at::Tensor frozen;
+  explicit Branches(std::uint64_t seed) {
+    torch::manual_seed(seed);
+    for (int i = 0; i < 6; ++i) params.push_back(torch::randn({7 + 5 * i}).requires_grad_());
+    frozen = torch::randn({3});  // requires_grad false
+  }
+  Branches clone() const {
+    Branches b(0);
+    for (std::size_t i = 0; i < params.size(); ++i) b.params[i] = params[i].detach().clone().requires_grad_();
+    b.frozen = frozen.clone();
+    return b;
+  }
+  std::vector<at::Tensor> all() const {
+    std::vector<at::Tensor> out = params;
+    out.push_back(frozen);
+    return out;
+  }
+  at::Tensor loss(int step, const std::vector<bool>& used) const {
+    at::Tensor l = torch::zeros({});
+    for (std::size_t i = 0; i < params.size(); ++i)
+      if (used[i]) {
+        const at::Tensor target = torch::sin(torch::arange(params[i].numel(), torch::kFloat) * (0.3 + 0.1 * step));
+        l = l + ((params[i] - target).pow(2) * (1.0 + static_cast<double>(i))).sum() + (params[i] * frozen.sum()).sum();
+      }
+    return l;
+  }
+};
+
+template <class TorchOpt, class TorchOptions, class State>
+void skipping_trajectory(bool decoupled) {
+  CAPTURE(decoupled);
+  const Branches start(11);
+  Branches a = start.clone(), b = start.clone();
+  TorchOpt reference(a.all(), TorchOptions(1e-2).weight_decay(0.05));
+  const AdamConfig hyper = decoupled ? AdamConfig(AdamW{.lr = 1e-2, .weight_decay = 0.05})
+                                     : AdamConfig(Adam{.lr = 1e-2, .weight_decay = 0.05});
+  TorchOptimizer<> opt(b.all(), hyper);
+  Lcg rng{5};
+  std::int64_t skipped = 0;
+  for (int s = 0; s < 40; ++s) {
+    std::vector<bool> used(start.params.size());
+    for (std::size_t i = 0; i < used.size(); ++i) used[i] = rng.chance(60);
+    for (auto& p : a.params) p.mutable_grad().reset();  // libtorch 1.13's zero_grad() zeroes; torch's default drops
+    opt.zero_grad();
+    if (std::any_of(used.begin(), used.end(), [](bool u) { return u; })) {
+      a.loss(s, used).backward();
+      b.loss(s, used).backward();
+    }
+    for (std::size_t i = 0; i < used.size(); ++i) {
+      REQUIRE(b.params[i].grad().defined() == used[i]);
+      skipped += used[i] ? 0 : 1;
+    }
+    reference.step();
+    REQUIRE(opt.step().applied);
+    for (std::size_t i = 0; i < used.size(); ++i) {
+      INFO("step " << s << ", parameter " << i);
+      REQUIRE(torch::allclose(a.params[i], b.params[i], 1e-5, 1e-6));
+      const auto it = reference.state().find(c10::guts::to_string(a.params[i].unsafeGetTensorImpl()));
+      const std::int64_t torch_step = it == reference.state().end() ? 0 : static_cast<State&>(*it->second).step();
+      REQUIRE(opt.engine().step_count(i) == torch_step);
+    }
+  }
+  CHECK(skipped > 20);
+  CHECK(torch::equal(b.frozen, start.frozen));
+  CHECK(opt.engine().step_count(start.params.size()) == 0);  // frozen: never stepped, as in torch
+}
+
+}  // namespace
+
+TEST_CASE("parameters whose gradient is undefined at random steps: torch::optim::AdamW's and Adam's trajectories") {
+  torch::set_num_threads(1);
+  skipping_trajectory<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState>(true);
+  skipping_trajectory<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState>(false);
+}
+
+TEST_CASE("backward hooks: statistics taken during backward are those step() takes; once per parameter per pass") {
+  torch::set_num_threads(1);
+  TinyLm a = test::make_model(), b = test::make_model();
+  auto with = make_dos<CpuBackend>(a), without = make_dos<CpuBackend>(b);
+  without->remove_hooks();
+  const std::int64_t params = static_cast<std::int64_t>(a->parameters().size());
+  for (int s = 0; s < 20; ++s) {
+    with->zero_grad();
+    without->zero_grad();
+    const std::int64_t before = with->hooks_fired();
+    test::loss_of(a, test::batch(s, 16)).backward();
+    test::loss_of(b, test::batch(s, 16)).backward();
+    CHECK(with->hooks_fired() - before == params);  // each parameter's gradient, once
+    const StepReport x = with->step(), y = without->step();
+    REQUIRE(x.applied);
+    CHECK(x.grad_norm == y.grad_norm);  // the same bits
+    CHECK(same(weights(a), weights(b)));
+  }
+  CHECK(without->hooks_fired() == 0);
+
+  // A parameter used twice in one graph: its accumulator runs once, so does the hook.
+  auto p = torch::ones({5}, torch::requires_grad());
+  auto unused = torch::ones({3}, torch::requires_grad());
+  {
+    TorchOptimizer<> opt(std::vector<at::Tensor>{p, unused}, AdamW{});
+    opt.zero_grad();
+    ((p * 2).sum() + (p * p).sum()).backward();
+    CHECK(opt.hooks_fired() == 1);
+    CHECK(opt.step().applied);
+    CHECK(opt.engine().step_count(0) == 1);
+    CHECK(opt.engine().step_count(1) == 0);
+  }
+  // The optimizer is gone and its hooks with it: backward still runs.
+  p.mutable_grad().reset();
+  (p * 3).sum().backward();
+  CHECK(p.grad().defined());
 }

@@ -26,7 +26,9 @@
 namespace dos::checkpoint {
 
 /// @brief The index format this dos writes; it reads this version and older ones.
-inline constexpr std::int64_t format_version = 1;
+///        Version 2 added each parameter's own step count (`ParamInfo::step`); a
+///        version 1 index has one count for all, `step_count`.
+inline constexpr std::int64_t format_version = 2;
 /// @brief The `format` field every index carries, to tell it from other JSON files.
 inline constexpr std::string_view format_name = "dos-optimizer-checkpoint";
 /// @brief The file name of the index inside a checkpoint directory.
@@ -45,6 +47,10 @@ struct ParamInfo {
   std::uint64_t numel = 0;
   DType dtype = DType::f32;
   std::uint64_t group = 0;
+  /// Steps this parameter took (torch's `state[p]["step"]`: steps it had no gradient at
+  /// are not counted); -1 when the index does not say (format 1, or a writer that left
+  /// it out): loading then gives the parameter `step_count`.
+  std::int64_t step = -1;
 };
 
 /// @brief Everything in `index.json`.
@@ -99,7 +105,11 @@ inline std::string index_to_json(const CheckpointIndex& x) {
     j["hardware_profile"] = {{"cpu_rate", h->cpu_rate}, {"device_rate", h->device_rate}, {"h2d_bandwidth", h->h2d_bandwidth},
                              {"d2h_bandwidth", h->d2h_bandwidth}, {"duplex", h->duplex}, {"host_bandwidth", h->host_bandwidth}};
   j["params"] = nlohmann::ordered_json::array();
-  for (const ParamInfo& p : x.params) j["params"].push_back({{"numel", p.numel}, {"dtype", dtype_name(p.dtype)}});
+  for (const ParamInfo& p : x.params) {
+    nlohmann::ordered_json e = {{"numel", p.numel}, {"dtype", dtype_name(p.dtype)}};
+    if (p.step >= 0) e["step"] = p.step;
+    j["params"].push_back(std::move(e));
+  }
   j["ranks"] = nlohmann::ordered_json::array();
   for (const RankFile& r : x.ranks)
     j["ranks"].push_back({{"rank", r.rank}, {"file", r.file}, {"bytes", r.bytes}, {"tensors", r.checksums}});
@@ -206,6 +216,10 @@ inline CheckpointIndex parse_index(std::string_view text, std::string_view file)
     info.numel = r.count(r.at(params[p], "numel", where), where + ".numel");
     info.dtype = detail::parse_dtype(r.string(r.at(params[p], "dtype", where), where + ".dtype"), file, where + ".dtype");
     info.group = UINT64_MAX;  // set from param_groups below
+    if (params[p].contains("step")) {  // optional: without it, step_count (as in format 1)
+      info.step = r.integer(r.at(params[p], "step", where), where + ".step");
+      if (info.step < 0 || info.step == INT64_MAX) throw_runtime_error("{}: {}.step {} is out of range", file, where, info.step);
+    }
     x.params.push_back(info);
   }
   const nlohmann::json& groups = r.at(j, "param_groups", "the index");

@@ -184,7 +184,9 @@ void load_into(O& opt, const CheckpointReader& r) {
 
   for (std::size_t g = 0; g < x.groups.size(); ++g) opt.set_hyperparameters(g, x.groups[g]);
   for (std::size_t k = 0; k < wanted.size(); ++k) opt.write_state(wanted[k].param, wanted[k].kind, data[k]);
-  opt.set_step_count(x.step_count);
+  opt.set_step_count(x.step_count);  // every parameter's too: a format 1 index has no other
+  for (std::size_t p = 0; p < x.params.size(); ++p)
+    if (x.params[p].step >= 0) opt.set_step_count(p, x.params[p].step);
   opt.set_schedule_index(x.schedule_index);
   if (x.loss_scaling) opt.set_loss_scaler_state(x.loss_scale, x.growth_tracker);
 }

@@ -26,6 +26,7 @@ concept CheckpointTarget = requires(O& o, const O& c, std::size_t i, std::span<f
   { c.num_groups() } -> std::convertible_to<std::size_t>;
   { c.hyperparameters(i) } -> std::convertible_to<AdamConfig>;
   { c.step_count() } -> std::convertible_to<std::int64_t>;
+  { c.step_count(i) } -> std::convertible_to<std::int64_t>;
   { c.schedule_index() } -> std::convertible_to<std::int64_t>;
   { c.loss_scale() } -> std::convertible_to<double>;
   { c.loss_scale_growth_tracker() } -> std::convertible_to<std::int64_t>;
@@ -34,6 +35,7 @@ concept CheckpointTarget = requires(O& o, const O& c, std::size_t i, std::span<f
   o.write_state(i, StateKind::exp_avg, in);
   o.set_hyperparameters(i, hyper);
   o.set_step_count(n);
+  o.set_step_count(i, n);
   o.set_schedule_index(n);
   o.set_loss_scaler_state(scale, n);
 };

@@ -65,7 +65,8 @@ class Snapshot {
     x.growth_tracker = opt.loss_scale_growth_tracker();
     x.subgroup_elements = opt.options().subgroup_elements;
     for (std::size_t g = 0; g < opt.num_groups(); ++g) x.groups.push_back(opt.hyperparameters(g));
-    for (std::size_t p = 0; p < opt.num_params(); ++p) x.params.push_back({opt.param_numel(p), opt.param_record(p).dtype, opt.param_record(p).group});
+    for (std::size_t p = 0; p < opt.num_params(); ++p)
+      x.params.push_back({opt.param_numel(p), opt.param_record(p).dtype, opt.param_record(p).group, opt.step_count(p)});
     if constexpr (requires { HardwareProfile(opt.cost_model().profile()); }) x.hardware_profile = opt.cost_model().profile();
     tensors_ = std::move(tensors);
     index_ = std::move(x);

@@ -81,11 +81,22 @@ struct TensorView {
 };
 
 /// @brief A read-only, type-erased view of a gradient.
+///
+/// A gradient view with a null `data` and no elements (`absent()`) means the
+/// parameter has no gradient this step, as torch's `.grad is None`: the step skips
+/// it (its value and state stay as they are, its step count does not advance, the
+/// gradient norm leaves it out). A null `data` with elements is refused as before.
+/// For a parameter with no elements, a null view also reads as absent.
 struct ConstTensorView {
   const void* data = nullptr;
   std::size_t numel = 0;
   DType dtype = DType::f32;
   Device device = Device::host;
+
+  /// @brief The view of a gradient that does not exist this step (`.grad is None`).
+  static constexpr ConstTensorView absent() noexcept { return {}; }
+  /// @brief Whether this view says "no gradient this step" (null data, no elements).
+  constexpr bool is_absent() const noexcept { return data == nullptr && numel == 0; }
 };
 
 /// @brief Element @p i of host data of type @p dtype, as a float.
@@ -105,7 +116,9 @@ inline void store_element(void* data, DType dtype, std::size_t i, float x) noexc
 
 /// @brief Customization point: specialise for a framework's parameter type.
 ///
-/// A specialisation provides two static functions:
+/// A specialisation provides two static functions. `grad` returns
+/// `ConstTensorView::absent()` for a parameter without a gradient this step (frozen,
+/// unused): the optimizer then skips it, as torch's Adam skips `.grad is None`.
 /// @code
 /// template <> struct dos::tensor_traits<my::Parameter> {
 ///   static dos::TensorView value(const my::Parameter& p) {
@@ -140,6 +153,7 @@ struct tensor_traits<HostParam<T>> {
   static TensorView value(const HostParam<T>& p) noexcept {
     return {static_cast<void*>(p.value.data()), p.value.size(), dtype_of<T>, Device::host};
   }
+  /// An empty `grad` span with a null pointer reads as absent (the parameter is skipped).
   static ConstTensorView grad(const HostParam<T>& p) noexcept {
     return {static_cast<const void*>(p.grad.data()), p.grad.size(), dtype_of<T>, Device::host};
   }

@@ -36,4 +36,8 @@ struct SegmentDesc {
 using RangeKernel = void (*)(const SegmentArgs&, std::size_t begin, std::size_t end,
                              const AdamCoefficients<float>&);
 
+/// @brief The kernel of a segment whose parameter has no gradient this step: it
+///        leaves every array as it is (torch skips a parameter whose `.grad` is None).
+inline void skip_range(const SegmentArgs&, std::size_t, std::size_t, const AdamCoefficients<float>&) noexcept {}
+
 }  // namespace dos::cpu

@@ -109,7 +109,7 @@ class DeviceEngine {
   /// @brief A device gradient is final: the segments the plan puts on the CPU copy it
   ///        to the pinned mirror now, on the d2h stream, ahead of the plan's fetch.
   void grad_ready(std::size_t param, const ConstTensorView& g) {
-    if (!device_available() || !planned_ || !params_.on_device(param)) return;
+    if (!device_available() || !planned_ || !params_.on_device(param) || g.is_absent()) return;
     const std::lock_guard lock(fetch_mutex_);
     const std::size_t gs = dtype_size(g.dtype);
     const auto refs = store_.segments();

@@ -136,14 +136,14 @@ void lay_out(Io& io, SubgroupShape& shape, std::size_t s, const Store& store, co
 ///        views, and the transfer sizes of @p shape from this step's types (a bf16
 ///        value may come with an fp32 gradient). With @p with_grads false
 ///        (construction, checkpoints) gradient copies are left out; @p fetched marks
-///        segments whose gradients `grad_ready` already fetched.
+///        segments whose gradients `grad_ready` already fetched. With @p with_grads, a
+///        parameter without a gradient this step gets no copy and no launch at all.
 template <class Io, class Store>
 void refresh_io(Io& io, SubgroupShape& sh, std::size_t s, Store& store, const ParamTable& params, bool with_grads,
                 std::span<const std::uint8_t> fetched) {
   const SlotLayout& l = io.layout;
   auto& block = store.blocks()[s];
   const std::size_t elements = store.subgroups()[s].state_elements;
-  const AdamCoefficients<float>& k = store.coefficients(store.group_of_subgroup(s));
   for (auto* list : {&io.up_state, &io.up_value, &io.down_state, &io.up_grad, &io.down_value}) list->clear();
   io.fetch.clear();
   io.push.clear();
@@ -156,13 +156,19 @@ void refresh_io(Io& io, SubgroupShape& sh, std::size_t s, Store& store, const Pa
     const Segment& seg = *store.segments()[w].segment;
     const TensorView& v = params.value(seg.tensor);
     const ConstTensorView& g = params.grad(seg.tensor);
-    const std::size_t vs = dtype_size(v.dtype), gs = dtype_size(g.dtype), so = seg.state_offset;
+    // No gradient this step: no launch, no gradient copy, and no value copy either way
+    // (the kernel writes no value slot; the state block's round trip keeps its bits).
+    // The shape still counts its bytes, as if it had a gradient of its value's type:
+    // a plan chosen during backward from the last shapes then has the same operations
+    // whichever parameters skip, and an operation with nothing to copy does nothing.
+    const bool skip = with_grads && g.is_absent();
+    const std::size_t vs = dtype_size(v.dtype), gs = dtype_size(skip ? v.dtype : g.dtype), so = seg.state_offset;
     auto* value = static_cast<std::byte*>(v.data) + seg.tensor_offset * vs;
-    const auto* grad = with_grads ? static_cast<const std::byte*>(g.data) + seg.tensor_offset * gs : nullptr;
+    const auto* grad = with_grads && !skip ? static_cast<const std::byte*>(g.data) + seg.tensor_offset * gs : nullptr;
     DeviceSegment d;
     static_cast<cpu::SegmentDesc&>(d) = store.work()[w];
     d.grad = g.dtype;
-    d.coefficients = k;
+    d.coefficients = *store.work()[w].coefficients;  // its group's, or its own (`StepCounts`)
     LaunchOffsets o;
     o.m = l.m + so * 4;
     o.v = l.v + so * 4;
@@ -173,28 +179,29 @@ void refresh_io(Io& io, SubgroupShape& sh, std::size_t s, Store& store, const Pa
       d.args.grad = grad;
       o.master = l.master + so * 4;
       std::byte* mirror = io.mirror.data();
-      if (with_grads && fetched[w] == 0) io.fetch.push_back({mirror + so * 4, grad, seg.count * gs});
-      io.push.push_back({value, mirror + (elements + so) * 4, seg.count * vs});
+      if (with_grads && !skip && fetched[w] == 0) io.fetch.push_back({mirror + so * 4, grad, seg.count * gs});
+      if (!skip) io.push.push_back({value, mirror + (elements + so) * 4, seg.count * vs});
       device_grads += seg.count * gs;
       device_values += seg.count * vs;
     } else {
       o.grad = l.grad + so * 4;
-      if (with_grads) io.up_grad.push_back({o.grad, const_cast<std::byte*>(grad), seg.count * gs});
+      if (with_grads && !skip) io.up_grad.push_back({o.grad, const_cast<std::byte*>(grad), seg.count * gs});
       host_grads += seg.count * gs;
       host_values += seg.count * vs;
       if (v.dtype == DType::f32) {
         // The host value is the master: it crosses the link both ways, also for a
         // resident subgroup, so edits the framework makes to it are kept.
         o.param = l.master + so * 4;
-        io.up_value.push_back({o.param, value, seg.count * 4});
-        io.down_value.push_back({o.param, value, seg.count * 4});
+        if (!skip) io.up_value.push_back({o.param, value, seg.count * 4});
+        if (!skip) io.down_value.push_back({o.param, value, seg.count * 4});
         host_fp32_values += seg.count * 4;
       } else {
         o.param = l.value + so * 2;
         o.master = l.master + so * 4;
-        io.down_value.push_back({o.param, value, seg.count * 2});
+        if (!skip) io.down_value.push_back({o.param, value, seg.count * 2});
       }
     }
+    if (skip) continue;
     io.launch.push_back(d);
     io.offsets.push_back(o);
   }

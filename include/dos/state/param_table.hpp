@@ -95,6 +95,8 @@ class ParamTable {
   /// @brief Views of the last successful `refresh` (or construction).
   const TensorView& value(std::size_t i) const noexcept { return values_[i]; }
   const ConstTensorView& grad(std::size_t i) const noexcept { return grads_[i]; }
+  /// @brief Whether parameter @p i has a gradient in the last `refresh` (else the step skips it).
+  bool present(std::size_t i) const noexcept { return !grads_[i].is_absent(); }
 
   /// @throws std::invalid_argument when @p i is not a parameter.
   std::size_t checked(std::size_t i) const {
@@ -109,7 +111,8 @@ class ParamTable {
     check_unchanged(i, v);
     return v;
   }
-  /// @brief Parameter @p i's gradient view now, validated against its value @p v.
+  /// @brief Parameter @p i's gradient view now, validated against its value @p v
+  ///        (`ConstTensorView::absent()` passes: the parameter has no gradient).
   ConstTensorView read_grad(std::size_t i, const TensorView& v) const {
     const ConstTensorView g = source_->grad(i);
     check_grad(i, v, g);
@@ -185,6 +188,7 @@ class ParamTable {
                              detail::place_name(v.device), detail::place_name(r.device));
   }
   void check_grad(std::size_t i, const TensorView& v, const ConstTensorView& g) const {
+    if (g.is_absent()) return;  // no gradient this step: the parameter is skipped
     if (!dtype_valid(g.dtype))
       throw_invalid_argument("parameter {}: gradient has an invalid dtype ({})", i, static_cast<int>(g.dtype));
     if (g.numel != v.numel)

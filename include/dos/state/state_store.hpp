@@ -137,7 +137,8 @@ class StateStore {
 
   /// @brief Points the segment table at the parameter table's current views (host
   ///        tensors; device tensors keep the pinned mirror their engine set) and picks
-  ///        each segment's kernel from @p cpu.
+  ///        each segment's kernel from @p cpu (`cpu::skip_range` for a parameter
+  ///        without a gradient, whose gradient pointer is then null).
   template <cpu::CpuExecutor E>
   void bind(const E& cpu) {
     for (std::size_t k = 0; k < work_.size(); ++k) {
@@ -145,11 +146,12 @@ class StateStore {
       const TensorView& v = params_->value(seg.tensor);
       const ConstTensorView& g = params_->grad(seg.tensor);
       cpu::SegmentWork& w = work_[k];
+      const bool present = !g.is_absent();
       if (!params_->on_device(seg.tensor)) {
         w.args.param = static_cast<std::byte*>(v.data) + seg.tensor_offset * dtype_size(v.dtype);
-        w.args.grad = static_cast<const std::byte*>(g.data) + seg.tensor_offset * dtype_size(g.dtype);
+        w.args.grad = present ? static_cast<const std::byte*>(g.data) + seg.tensor_offset * dtype_size(g.dtype) : nullptr;
       }
-      w.kernel = cpu.kernel(v.dtype, g.dtype, w.amsgrad);
+      w.kernel = present ? cpu.kernel(v.dtype, g.dtype, w.amsgrad) : &cpu::skip_range;
       w.grad = g.dtype;
     }
   }

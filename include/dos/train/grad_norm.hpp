@@ -10,6 +10,9 @@
 #include "dos/core/tensor.hpp"
 #include "dos/cpu/grad_stats.hpp"
 #include "dos/cpu/executor.hpp"
+#include "dos/optim/adam.hpp"
+#include "dos/optim/loss_scaler.hpp"
+#include "dos/options.hpp"
 #include "dos/partition/subgroup.hpp"
 #include "dos/state/param_table.hpp"
 
@@ -17,7 +20,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <cmath>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 namespace dos {
@@ -35,6 +40,30 @@ struct GradSummary {
 inline float clip_coefficient(float norm, double max_norm) noexcept {
   const float coef = static_cast<float>(max_norm) / (norm + 1e-6f);
   return coef >= 1.0f ? 1.0f : coef;
+}
+
+/// @brief The factor every gradient of a step is multiplied by: 1/scale (a power of
+///        two: exact) times the clipping coefficient, as torch's unscale_ then
+///        clip_grad_norm_ do. Fills @p report's norm, clipping and non-finite fields.
+/// @return the factor, or nullopt when the step must be skipped: a non-finite gradient
+///         with @p skip_nonfinite, or an infinite unscaled norm with loss scaling.
+inline std::optional<float> step_multiplier(const GradSummary& sum, const LossScaler& scaler, bool skip_nonfinite,
+                                            double max_grad_norm, StepReport& report) {
+  report.nonfinite_params = sum.nonfinite_params;
+  report.first_nonfinite_param = sum.first_nonfinite_param;
+  float multiplier = scaler.inverse();
+  report.grad_norm = static_cast<float>(std::sqrt(sum.sum_squares) * static_cast<double>(multiplier));
+  // Unscaling by a scale below 1 can itself overflow: an element beyond the float
+  // range makes the norm infinite, where torch's unscale_ finds an inf and skips.
+  if ((sum.nonfinite_params > 0 && skip_nonfinite) || (scaler.enabled() && !detail::finite_bits(report.grad_norm))) {
+    report.overflow = true;
+    return std::nullopt;
+  }
+  if (max_grad_norm > 0) {
+    report.clip_coef = clip_coefficient(static_cast<float>(report.grad_norm), max_grad_norm);
+    multiplier *= static_cast<float>(report.clip_coef);  // exact: the inverse scale is a power of two
+  }
+  return multiplier;
 }
 
 /// @brief Per-parameter gradient statistics of the current backward pass.
@@ -70,7 +99,8 @@ class GradNorm {
 
   /// @brief Every parameter's statistics: those recorded during backward are reused
   ///        when @p reuse, the others read now, host ones in one parallel pass over the
-  ///        chunks and device ones by @p device_stats(p).
+  ///        chunks and device ones by @p device_stats(p); a parameter without a
+  ///        gradient contributes nothing.
   template <cpu::CpuExecutor E, class Store, class DeviceStats>
   GradSummary gather(bool reuse, E& cpu, const Store& store, const ParamTable& params, DeviceStats&& device_stats) {
     if (!reuse || ready_count_ < params.size()) {
@@ -78,21 +108,26 @@ class GradNorm {
       // mirror, which early gradient fetches may be writing right now.
       const auto chunks = store.chunks();
       const auto work = store.work();
+      // Parameters without a gradient count as zero and finite, as clip_grad_norm_
+      // leaves out a None grad (adding +0 changes no sum's bits).
       cpu.parallel_for(chunks.size(), [&](std::size_t i) {
         const cpu::Chunk& c = chunks[i];
-        chunk_[i] = params.on_device(store.segments()[c.segment].segment->tensor)
+        const std::size_t p = store.segments()[c.segment].segment->tensor;
+        chunk_[i] = params.on_device(p) || !params.present(p) || (reuse && ready_[p] != 0)
                         ? GradStats{}
                         : cpu::grad_stats(work[c.segment].args.grad, work[c.segment].grad, c.begin, c.end);
       });
       for (std::size_t p = 0; p < params.size(); ++p) {
         if (reuse && ready_[p] != 0) continue;
-        if (params.on_device(p)) {
+        if (!params.present(p)) {
+          param_[p] = GradStats{};
+        } else if (params.on_device(p)) {
           param_[p] = device_stats(p);
-          continue;
+        } else {
+          GradStats total;
+          for (const std::uint32_t c : store.param_chunks(p)) total += chunk_[c];
+          param_[p] = total;
         }
-        GradStats total;
-        for (const std::uint32_t c : store.param_chunks(p)) total += chunk_[c];
-        param_[p] = total;
       }
     }
     GradSummary out;

@@ -368,6 +368,72 @@ TEST_CASE("bytes moved count each gradient at its own type") {
   CHECK(r.bytes_moved == n * 30);
 }
 
+TEST_CASE("bf16/fp16 device tensors: the pinned mirror takes 2 + 2 B per element, and the CPU's bits") {
+  // Odd sizes, packed several to a subgroup and split across subgroups, so segments
+  // start at odd offsets within their tensors and within their subgroups' mirrors.
+  const std::vector<TensorSpec> specs{{301, DType::bf16, Device::device, 0}, {77, DType::f16, Device::device, 1},
+                                      {45, DType::f32, Device::host, 0},     {513, DType::bf16, Device::device, 1},
+                                      {129, DType::f16, Device::device, 0},  {33, DType::f32, Device::device, 1},
+                                      {3, DType::bf16, Device::host, 0},     {95, DType::bf16, Device::device, 0}};
+  for (const AnyPolicy& policy : every_policy()) {
+    CAPTURE(policy.name());
+    compare_trajectories(specs, policy, 160, 2, 8);
+    compare_trajectories(specs, policy, 160, 1, 6, 0, {.backward_api = true});
+  }
+  // One 16-bit device tensor per subgroup: gradient and value pieces of 2 B per
+  // element, each rounded up to 64 B (an fp32 one takes 4 + 4).
+  for (DType t : {DType::bf16, DType::f16, DType::f32}) {
+    CAPTURE(std::string(dtype_name(t)));
+    MixedModel device({{1000, t, Device::device, 0}, {999, t, Device::device, 0}}, {Adam{}});
+    DeviceOptimizer opt(device.groups(), device_options(FixedStride{2}, 1024));
+    REQUIRE(opt.subgroup_shapes().size() == 2);
+    const std::size_t size = dtype_size(t);
+    CHECK(opt.subgroup_shapes()[0].mirror_bytes == 2 * ((1000 * size + 63) / 64 * 64));
+    CHECK(opt.subgroup_shapes()[1].mirror_bytes == 2 * ((999 * size + 63) / 64 * 64));
+  }
+  MixedModel host_only({{1000, DType::bf16, Device::host, 0}}, {Adam{}});
+  DeviceOptimizer opt(host_only.groups(), device_options(FixedStride{1}, 1024));
+  CHECK(opt.subgroup_shapes()[0].mirror_bytes == 0);
+}
+
+namespace {
+// A device parameter whose gradient's type the test sets.
+struct DeviceBf16 {
+  bf16* value = nullptr;
+  void* grad = nullptr;
+  std::size_t numel = 0;
+  const DType* grad_dtype = nullptr;
+};
+}  // namespace
+template <>
+struct dos::tensor_traits<DeviceBf16> {
+  static TensorView value(const DeviceBf16& p) { return {p.value, p.numel, DType::bf16, Device::device}; }
+  static ConstTensorView grad(const DeviceBf16& p) { return {p.grad, p.numel, *p.grad_dtype, Device::device}; }
+};
+
+TEST_CASE("a device gradient wider than its value is refused at step() and grad_ready(), before any change") {
+  constexpr std::size_t n = 100;
+  std::vector<bf16> value(n, bf16(0.5f));
+  std::vector<float> grad(n, 0.25f);  // room for fp32; the bf16 gradient uses its first half
+  DType grad_dtype = DType::bf16;
+  std::vector<DeviceBf16> params{{value.data(), grad.data(), n, &grad_dtype}};
+  DeviceOptimizer opt(params, Adam{}, device_options(AllCpu{}, 128));
+  opt.step();
+  const auto before = all_state(opt);
+  const auto value_before = value;
+  grad_dtype = DType::f32;
+  const char* message = "dos: parameter 0: its gradient on the device is float32, wider than its bfloat16 value; a device "
+                        "parameter's gradient may be no wider than its value";
+  CHECK_THROWS_WITH_AS(opt.step(), message, std::invalid_argument);
+  opt.begin_backward();
+  CHECK_THROWS_WITH_AS(opt.grad_ready(0), message, std::invalid_argument);
+  CHECK(same_bits(before, all_state(opt)));
+  CHECK(std::memcmp(value.data(), value_before.data(), n * sizeof(bf16)) == 0);
+  CHECK(opt.step_count() == 1);
+  grad_dtype = DType::f16;  // as wide as the value: accepted
+  CHECK(opt.step().applied);
+}
+
 TEST_CASE("calibration runs before the staging pool takes the free device memory") {
   const auto specs = test::one_per_subgroup(6, 1 << 20, 4);
   MixedModel device(specs, two_groups);

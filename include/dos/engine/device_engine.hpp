@@ -117,7 +117,8 @@ class DeviceEngine {
       const Segment& seg = *refs[k].segment;
       const std::uint32_t s = refs[k].subgroup;
       if (seg.tensor != param || timeline_.plan.placement[s] != Place::cpu || fetched_[k] != 0) continue;
-      b_.copy_d2h(io_[s].mirror.data() + seg.state_offset * 4,
+      const std::size_t piece = io_[s].mirror_pieces[k - store_.blocks()[s].first_segment].grad;
+      b_.copy_d2h(io_[s].mirror.data() + piece,
                   static_cast<const std::byte*>(g.data) + seg.tensor_offset * gs, seg.count * gs,
                   executor_->stream(Lane::d2h));
       fetched_[k] = 1;
@@ -219,19 +220,18 @@ class DeviceEngine {
   bool resident(std::size_t s) const noexcept { return device_available() && residency_[s] == Place::resident; }
 
   // The CPU updates device tensors on the pinned mirror: gradients fetched in, values
-  // pushed out.
+  // pushed out. Its pieces take each value's type (lay_out_mirror).
   void mirror_device_tensors(std::size_t s) {
     const auto& block = store_.blocks()[s];
-    const std::size_t e4 = store_.subgroups()[s].state_elements * 4;
-    bool device_tensor = false;
-    for (const Segment& seg : store_.subgroups()[s].segments) device_tensor |= params_.on_device(seg.tensor);
-    if (!device_tensor) return;
-    io_[s].mirror = HostBuffer<std::byte, PinnedMemory>(2 * e4, b_.pinned_memory());
+    const std::size_t bytes = lay_out_mirror(io_[s], s, store_, params_);
+    shapes_[s].mirror_bytes = bytes;
+    if (bytes == 0) return;
+    io_[s].mirror = HostBuffer<std::byte, PinnedMemory>(bytes, b_.pinned_memory());
     for (std::uint32_t w = block.first_segment; w < block.end_segment; ++w) {
-      const Segment& seg = *store_.segments()[w].segment;
-      if (!params_.on_device(seg.tensor)) continue;
-      store_.work()[w].args.grad = io_[s].mirror.data() + seg.state_offset * 4;
-      store_.work()[w].args.param = io_[s].mirror.data() + e4 + seg.state_offset * 4;
+      const MirrorPiece& p = io_[s].mirror_pieces[w - block.first_segment];
+      if (p.grad == SlotLayout::absent) continue;
+      store_.work()[w].args.grad = io_[s].mirror.data() + p.grad;
+      store_.work()[w].args.param = io_[s].mirror.data() + p.value;
     }
   }
 

@@ -50,6 +50,9 @@ struct SlotCopy {
   std::size_t offset = 0;
   void* host = nullptr;
   std::size_t bytes = 0;
+  /// Where the device copies from or to instead of `host`, when the subgroup stages
+  /// its framework tensors (`SubgroupIo::staging`); the CPU copies between the two.
+  std::byte* staged = nullptr;
 };
 
 /// @brief A copy between two absolute addresses (host mirror and framework tensor).
@@ -66,23 +69,27 @@ struct LaunchOffsets {
   std::size_t m = 0, v = 0, vmax = SlotLayout::absent;
 };
 
-/// @brief Everything the executor needs to move and update one subgroup.
-template <MemoryResource DeviceMemory, MemoryResource PinnedMemory>
-struct SubgroupIo {
 /// @brief Byte offsets of one device-tensor segment's pieces in its subgroup's mirror;
 ///        `absent` for a segment of a host tensor.
 struct MirrorPiece {
   std::size_t grad = SlotLayout::absent, value = SlotLayout::absent;
 };
 
+/// @brief Everything the executor needs to move and update one subgroup.
+template <MemoryResource DeviceMemory, MemoryResource PinnedMemory>
+struct SubgroupIo {
   SlotLayout layout;
   SubgroupShape shape;
   std::uint32_t first_chunk = 0, end_chunk = 0;  ///< its CPU chunks
   HostBuffer<std::byte, PinnedMemory> mirror;    ///< gradients and values of device tensors
+  std::vector<MirrorPiece> mirror_pieces;        ///< per segment of the subgroup, in order
   DeviceBuffer<DeviceMemory> home;               ///< resident subgroups only
+  /// Where the backend cannot register the framework's host tensors: pinned room for
+  /// [gradients | values] of them, 4 + 4 B per state element, so their copies to and
+  /// from the device stay asynchronous (a CPU memcpy before the upload, after the download).
+  HostBuffer<std::byte, PinnedMemory> staging;
 
   // Refreshed before every step from the framework's views; capacity reserved at
-  std::vector<MirrorPiece> mirror_pieces;        ///< per segment of the subgroup, in order
   // construction, so refreshing allocates nothing.
   // up_state/down_state: the host block; up_value: fp32 host values into the master
   // area (they are the master, so they go up whenever the device updates them);
@@ -143,13 +150,6 @@ void lay_out(Io& io, SubgroupShape& shape, std::size_t s, const Store& store, co
   io.offsets.reserve(segments);
 }
 
-/// @brief Rebuilds subgroup @p s's copy lists and launch segments from the current
-///        views, and the transfer sizes of @p shape from this step's types (a bf16
-///        value may come with an fp32 gradient). With @p with_grads false
-///        (construction, checkpoints) gradient copies are left out; @p fetched marks
-///        segments whose gradients `grad_ready` already fetched. With @p with_grads, a
-///        parameter without a gradient this step gets no copy and no launch at all.
-template <class Io, class Store>
 /// @brief Lays out subgroup @p s's mirror (see the file comment): every segment of a
 ///        device tensor gets a gradient piece and a value piece of `count` elements of
 ///        its value's type, each starting 64-byte aligned, gradients first. Fills
@@ -170,6 +170,13 @@ std::size_t lay_out_mirror(Io& io, std::size_t s, const Store& store, const Para
   return off;
 }
 
+/// @brief Rebuilds subgroup @p s's copy lists and launch segments from the current
+///        views, and the transfer sizes of @p shape from this step's types (a bf16
+///        value may come with an fp32 gradient). With @p with_grads false
+///        (construction, checkpoints) gradient copies are left out; @p fetched marks
+///        segments whose gradients `grad_ready` already fetched. With @p with_grads, a
+///        parameter without a gradient this step gets no copy and no launch at all.
+template <class Io, class Store>
 void refresh_io(Io& io, SubgroupShape& sh, std::size_t s, Store& store, const ParamTable& params, bool with_grads,
                 std::span<const std::uint8_t> fetched) {
   const SlotLayout& l = io.layout;
@@ -182,6 +189,9 @@ void refresh_io(Io& io, SubgroupShape& sh, std::size_t s, Store& store, const Pa
   io.up_state.push_back({0, block.memory.data(), l.state_bytes});
   io.down_state.push_back({0, block.memory.data(), l.state_bytes});
   std::size_t host_grads = 0, host_fp32_values = 0, host_values = 0, device_grads = 0, device_values = 0;
+  std::byte* const staging = io.staging.data();  // null: the host tensors are registered
+  const std::size_t e4 = store.subgroups()[s].state_elements * 4;
+  const auto staged = [&](std::size_t offset) { return staging != nullptr ? staging + offset : nullptr; };
   for (std::uint32_t w = block.first_segment; w < block.end_segment; ++w) {
     const Segment& seg = *store.segments()[w].segment;
     const TensorView& v = params.value(seg.tensor);
@@ -216,20 +226,21 @@ void refresh_io(Io& io, SubgroupShape& sh, std::size_t s, Store& store, const Pa
       device_values += seg.count * vs;
     } else {
       o.grad = l.grad + so * 4;
-      if (with_grads && !skip) io.up_grad.push_back({o.grad, const_cast<std::byte*>(grad), seg.count * gs});
+      if (with_grads && !skip)
+        io.up_grad.push_back({o.grad, const_cast<std::byte*>(grad), seg.count * gs, staged(so * 4)});
       host_grads += seg.count * gs;
       host_values += seg.count * vs;
       if (v.dtype == DType::f32) {
         // The host value is the master: it crosses the link both ways, also for a
         // resident subgroup, so edits the framework makes to it are kept.
         o.param = l.master + so * 4;
-        if (!skip) io.up_value.push_back({o.param, value, seg.count * 4});
-        if (!skip) io.down_value.push_back({o.param, value, seg.count * 4});
+        if (!skip) io.up_value.push_back({o.param, value, seg.count * 4, staged(e4 + so * 4)});
+        if (!skip) io.down_value.push_back({o.param, value, seg.count * 4, staged(e4 + so * 4)});
         host_fp32_values += seg.count * 4;
       } else {
         o.param = l.value + so * 2;
         o.master = l.master + so * 4;
-        if (!skip) io.down_value.push_back({o.param, value, seg.count * 2});
+        if (!skip) io.down_value.push_back({o.param, value, seg.count * 2, staged(e4 + so * 2)});
       }
     }
     if (skip) continue;

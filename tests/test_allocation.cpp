@@ -44,7 +44,7 @@ TEST_CASE("an interleaved step allocates nothing from the first step on: every p
   for (const AnyPolicy& policy : {AnyPolicy(dos::AutomaticStride{}), AnyPolicy(dos::Balanced{}), AnyPolicy(dos::FixedStride{3}),
                                   AnyPolicy(dos::StaticFraction{0.5}), AnyPolicy(dos::ResidentThenStride{}),
                                   AnyPolicy(dos::AllCpu{})})
-    for (int variant = 0; variant < 3; ++variant) {
+    for (int variant = 0; variant < 4; ++variant) {
       std::vector<float> a(100'000, 0.5f), ga(100'000, 0.1f);
       std::vector<dos::bf16> b(30'000, dos::bf16(0.5f)), gb(30'000, dos::bf16(0.1f));
       std::vector<float> c(5'000, 0.5f), gc(5'000, 0.1f);
@@ -58,7 +58,9 @@ TEST_CASE("an interleaved step allocates nothing from the first step on: every p
       o.interleave.validate_plans = true;
       if (variant == 1) o.max_grad_norm = 1.0;  // clipping: the gradient statistics pass
       if (variant == 2) o.loss_scaling = dos::LossScaling{.init_scale = 1024};
-      dos::InterleavedOptimizer<dos::EmulatedDeviceBackend> opt(params, dos::AdamW{.amsgrad = true}, o);
+      // Variant 3: registration refused, host tensors staged through pinned buffers.
+      dos::InterleavedOptimizer<dos::EmulatedDeviceBackend> opt(params, dos::AdamW{.amsgrad = true}, o,
+                                                                {.refuse_registration = variant == 3});
       CAPTURE(policy.name());
       CAPTURE(variant);
       const long before = allocations.load();

@@ -106,6 +106,20 @@ TEST_CASE("a copy from or to pageable host memory blocks the issuing thread; pin
   CHECK(issue_seconds([&] { b.copy_d2h(pageable.data() + 100, buf.data(), 30'000, s); }) < 0.005);
   b.unregister_host(pageable.data());
   CHECK(issue_seconds([&] { b.copy_h2d(buf.data(), pageable.data(), 40'000, s); }) >= 0.009);
+  CHECK(b.pageable_copies() == 3);  // the copies that blocked, counted
+}
+
+TEST_CASE("refuse_registration: register_host refuses, and copies from that memory stay synchronous") {
+  EmulatedDeviceBackend b({}, {.h2d_bandwidth = 4e6, .refuse_registration = true});
+  DeviceBuffer<emulated::DeviceMemory> buf(40'000, b.device_memory());
+  std::vector<std::byte> pageable(40'000);
+  auto s = b.make_stream();
+  CHECK_FALSE(b.register_host(pageable.data(), 40'000));
+  const auto start = std::chrono::steady_clock::now();
+  b.copy_h2d(buf.data(), pageable.data(), 40'000, s);
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >= 0.009);
+  CHECK(b.pageable_copies() == 1);
+  b.synchronize(s);
 }
 
 TEST_CASE("events refer to their latest record, as CUDA's do") {

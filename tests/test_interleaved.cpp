@@ -368,6 +368,72 @@ TEST_CASE("bytes moved count each gradient at its own type") {
   CHECK(r.bytes_moved == n * 30);
 }
 
+TEST_CASE("bf16/fp16 device tensors: the pinned mirror takes 2 + 2 B per element, and the CPU's bits") {
+  // Odd sizes, packed several to a subgroup and split across subgroups, so segments
+  // start at odd offsets within their tensors and within their subgroups' mirrors.
+  const std::vector<TensorSpec> specs{{301, DType::bf16, Device::device, 0}, {77, DType::f16, Device::device, 1},
+                                      {45, DType::f32, Device::host, 0},     {513, DType::bf16, Device::device, 1},
+                                      {129, DType::f16, Device::device, 0},  {33, DType::f32, Device::device, 1},
+                                      {3, DType::bf16, Device::host, 0},     {95, DType::bf16, Device::device, 0}};
+  for (const AnyPolicy& policy : every_policy()) {
+    CAPTURE(policy.name());
+    compare_trajectories(specs, policy, 160, 2, 8);
+    compare_trajectories(specs, policy, 160, 1, 6, 0, {.backward_api = true});
+  }
+  // One 16-bit device tensor per subgroup: gradient and value pieces of 2 B per
+  // element, each rounded up to 64 B (an fp32 one takes 4 + 4).
+  for (DType t : {DType::bf16, DType::f16, DType::f32}) {
+    CAPTURE(std::string(dtype_name(t)));
+    MixedModel device({{1000, t, Device::device, 0}, {999, t, Device::device, 0}}, {Adam{}});
+    DeviceOptimizer opt(device.groups(), device_options(FixedStride{2}, 1024));
+    REQUIRE(opt.subgroup_shapes().size() == 2);
+    const std::size_t size = dtype_size(t);
+    CHECK(opt.subgroup_shapes()[0].mirror_bytes == 2 * ((1000 * size + 63) / 64 * 64));
+    CHECK(opt.subgroup_shapes()[1].mirror_bytes == 2 * ((999 * size + 63) / 64 * 64));
+  }
+  MixedModel host_only({{1000, DType::bf16, Device::host, 0}}, {Adam{}});
+  DeviceOptimizer opt(host_only.groups(), device_options(FixedStride{1}, 1024));
+  CHECK(opt.subgroup_shapes()[0].mirror_bytes == 0);
+}
+
+namespace {
+// A device parameter whose gradient's type the test sets.
+struct DeviceBf16 {
+  bf16* value = nullptr;
+  void* grad = nullptr;
+  std::size_t numel = 0;
+  const DType* grad_dtype = nullptr;
+};
+}  // namespace
+template <>
+struct dos::tensor_traits<DeviceBf16> {
+  static TensorView value(const DeviceBf16& p) { return {p.value, p.numel, DType::bf16, Device::device}; }
+  static ConstTensorView grad(const DeviceBf16& p) { return {p.grad, p.numel, *p.grad_dtype, Device::device}; }
+};
+
+TEST_CASE("a device gradient wider than its value is refused at step() and grad_ready(), before any change") {
+  constexpr std::size_t n = 100;
+  std::vector<bf16> value(n, bf16(0.5f));
+  std::vector<float> grad(n, 0.25f);  // room for fp32; the bf16 gradient uses its first half
+  DType grad_dtype = DType::bf16;
+  std::vector<DeviceBf16> params{{value.data(), grad.data(), n, &grad_dtype}};
+  DeviceOptimizer opt(params, Adam{}, device_options(AllCpu{}, 128));
+  opt.step();
+  const auto before = all_state(opt);
+  const auto value_before = value;
+  grad_dtype = DType::f32;
+  const char* message = "dos: parameter 0: its gradient on the device is float32, wider than its bfloat16 value; a device "
+                        "parameter's gradient may be no wider than its value";
+  CHECK_THROWS_WITH_AS(opt.step(), message, std::invalid_argument);
+  opt.begin_backward();
+  CHECK_THROWS_WITH_AS(opt.grad_ready(0), message, std::invalid_argument);
+  CHECK(same_bits(before, all_state(opt)));
+  CHECK(std::memcmp(value.data(), value_before.data(), n * sizeof(bf16)) == 0);
+  CHECK(opt.step_count() == 1);
+  grad_dtype = DType::f16;  // as wide as the value: accepted
+  CHECK(opt.step().applied);
+}
+
 TEST_CASE("calibration runs before the staging pool takes the free device memory") {
   const auto specs = test::one_per_subgroup(6, 1 << 20, 4);
   MixedModel device(specs, two_groups);
@@ -445,42 +511,80 @@ TEST_CASE("grad_ready() from several threads at once (autograd's device and CPU 
 }
 
 namespace {
-// The emulated device without `register_host`: copies from and to the framework's
-// pageable host tensors stay synchronous, as on a GPU that cannot pin them.
+// The emulated device without `register_host`: as on a GPU that cannot pin the
+// framework's pageable host tensors, copies from and to them would be synchronous.
 struct CannotRegister : EmulatedDeviceBackend {
   using EmulatedDeviceBackend::EmulatedDeviceBackend;
   bool register_host(const void*, std::size_t) = delete;
 };
 static_assert(DeviceBackend<CannotRegister> && !engine::RegistersHost<CannotRegister>);
 
+// The emulated device whose `register_host` refuses, as cudaHostRegister may; no copy
+// it is given may come from or go to unregistered memory.
+struct RefusesRegistration : EmulatedDeviceBackend {
+  explicit RefusesRegistration(const cpu::CpuConfig& host = {}, Config config = {})
+      : EmulatedDeviceBackend(host, refusing(config)) {}
+  ~RefusesRegistration() { CHECK(pageable_copies() == 0); }
+  static Config refusing(Config c) {
+    c.refuse_registration = true;
+    return c;
+  }
+};
+static_assert(DeviceBackend<RefusesRegistration>);
+
+struct LaneTimes {
+  double cpu_start = 0, device_end = 0;
+  std::size_t pageable_copies = 0;
+};
+
 // When the CPU lane's first update began, and when the device's last operation ended,
 // in a step of fp32 host tensors in pageable memory (std::vector), half of them on a
-// device whose Adam takes 100 ms a subgroup.
+// device whose Adam takes 100 ms a subgroup; and the copies issued from pageable memory.
 template <class B>
-std::pair<double, double> cpu_start_and_device_end() {
+LaneTimes cpu_start_and_device_end(EmulatedDeviceConfig config = {}) {
   constexpr std::size_t n = 1 << 14;
   std::vector<std::vector<float>> values(4, std::vector<float>(n, 1.0f)), grads(4, std::vector<float>(n, 0.5f));
   std::vector<HostParam<float>> params;
   for (std::size_t t = 0; t < 4; ++t) params.push_back({values[t], grads[t]});
-  InterleavedOptimizer<B> opt(params, Adam{}, device_options(FixedStride{2}, n), {.device_rate = n / 0.1});
+  config.device_rate = n / 0.1;
+  InterleavedOptimizer<B> opt(params, Adam{}, device_options(FixedStride{2}, n), config);
   opt.step();
   const StepTimeline& t = opt.timeline();
-  double cpu = 1e30, device = 0;
+  LaneTimes out{1e30, 0, opt.backend().pageable_copies()};
   for (std::size_t i = 0; i < t.plan.ops.size(); ++i)
-    if (t.plan.ops[i].kind == OpKind::cpu_update) cpu = std::min(cpu, t.measured[i].begin);
-    else device = std::max(device, t.measured[i].end);
-  return {cpu, device};
+    if (t.plan.ops[i].kind == OpKind::cpu_update) out.cpu_start = std::min(out.cpu_start, t.measured[i].begin);
+    else out.device_end = std::max(out.device_end, t.measured[i].end);
+  return out;
 }
 }  // namespace
 
 TEST_CASE("pageable host tensors are registered: the CPU lane does not wait behind the device's work") {
-  const auto [cpu, device] = cpu_start_and_device_end<EmulatedDeviceBackend>();
-  CHECK(device >= 0.1);
-  CHECK(cpu < 0.5 * device);
-  // The model the check relies on: unregistered, the issuing thread waits for each
-  // copy, so the CPU starts only once the device is nearly done (T_gpu + T_cpu).
-  const auto [late_cpu, late_device] = cpu_start_and_device_end<CannotRegister>();
-  CHECK(late_cpu >= 0.5 * late_device);
+  const LaneTimes r = cpu_start_and_device_end<EmulatedDeviceBackend>();
+  CHECK(r.device_end >= 0.1);
+  CHECK(r.cpu_start < 0.5 * r.device_end);
+  CHECK(r.pageable_copies == 0);
+}
+
+TEST_CASE("where registration is refused, host tensors go through pinned staging: no synchronous copy") {
+  // The model the check relies on: the emulated device blocks the issuing thread on a
+  // copy from pageable memory, so one unregistered copy would hold the CPU lane until
+  // the device is nearly done (T_gpu + T_cpu); test_emulated_device shows it blocks.
+  for (const LaneTimes r : {cpu_start_and_device_end<EmulatedDeviceBackend>({.refuse_registration = true}),
+                            cpu_start_and_device_end<CannotRegister>()}) {
+    CHECK(r.device_end >= 0.1);
+    CHECK(r.cpu_start < 0.5 * r.device_end);
+    CHECK(r.pageable_copies == 0);
+  }
+  // Every policy, with fp32 and 16-bit host tensors packed and split at odd offsets:
+  // the CPU's bits (~RefusesRegistration checks that no copy touched pageable memory).
+  const std::vector<TensorSpec> specs{{301, DType::f32, Device::host, 0},  {77, DType::bf16, Device::host, 1},
+                                      {129, DType::f16, Device::device, 0}, {513, DType::f32, Device::host, 1},
+                                      {45, DType::f16, Device::host, 0},    {95, DType::bf16, Device::device, 1}};
+  for (const AnyPolicy& policy : every_policy()) {
+    CAPTURE(policy.name());
+    compare_trajectories<RefusesRegistration>(specs, policy, 160, 2, 8);
+    compare_trajectories<RefusesRegistration>(specs, policy, 160, 1, 6, 0, {.max_grad_norm = 0.05, .backward_api = true});
+  }
 }
 
 TEST_CASE("an overflowing step after early fetches leaves nothing behind for the next step") {

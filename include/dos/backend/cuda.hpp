@@ -266,13 +266,14 @@ class CudaBackend {
   }
   /// @brief Pins the framework's host memory [@p p, @p p + @p bytes) in place
   ///        (cudaHostRegister), so that copies from and to it are asynchronous; true
-  ///        also when it is pinned already. False: its copies stay synchronous.
+  ///        also when it is pinned already. False: the engine stages its copies
+  ///        through pinned buffers of its own (`SubgroupIo::staging`).
   bool register_host(const void* p, std::size_t bytes) {
     if (!available() || bytes == 0) return false;
     const auto on = use_device();
     if (pinned(p) && pinned(static_cast<const std::byte*>(p) + bytes - 1)) return true;
     if (cudaHostRegister(const_cast<void*>(p), bytes, cudaHostRegisterPortable) != cudaSuccess) {
-      (void)cudaGetLastError();  // the caller warns: not an error
+      (void)cudaGetLastError();  // not an error: the engine stages these copies through pinned memory
       return false;
     }
     const std::lock_guard lock(sync_->framework_mutex);

@@ -51,6 +51,9 @@ struct EmulatedDeviceConfig {
   /// A copy from or to pageable host memory (neither pinned nor registered) blocks the
   /// issuing thread until it completes, as CUDA's does.
   bool pageable_copies_block = true;
+  /// `register_host` refuses every range (returns false), as cudaHostRegister does
+  /// where pinning is not allowed, so the engine's pinned staging can be tested.
+  bool refuse_registration = false;
 };
 
 namespace emulated {
@@ -339,11 +342,15 @@ class EmulatedDeviceBackend {
     push_copy(dst, src, bytes, config_.duplex ? d2h_link_ : h2d_link_, config_.d2h_bandwidth, s, dst);
   }
   /// @brief Copies from and to [@p p, @p p + @p bytes) become asynchronous, as after
-  ///        cudaHostRegister. Always succeeds.
+  ///        cudaHostRegister. Succeeds unless `Config::refuse_registration`.
   bool register_host(const void* p, std::size_t bytes) {
+    if (config_.refuse_registration) return false;
     registry_->add(p, bytes);
     return true;
   }
+  /// @brief Copies issued so far whose host side was neither pinned nor registered
+  ///        (each one synchronous on a real device).
+  std::size_t pageable_copies() const noexcept { return pageable_copies_.load(); }
   void unregister_host(const void* p) noexcept { registry_->remove(p); }
   /// @brief Runs Adam over @p segments; the span must stay valid until it completes.
   void launch_adam(std::span<const DeviceSegment> segments, Stream& s) {
@@ -414,7 +421,9 @@ class EmulatedDeviceBackend {
     t.bandwidth = bandwidth;
     const std::uint64_t ticket = s.worker()->push(t);
     // Pageable memory: CUDA stages the copy, and the issuing thread waits for it.
-    if (config_.pageable_copies_block && !registry_->covers(host, bytes)) s.worker()->wait(ticket);
+    if (registry_->covers(host, bytes)) return;
+    pageable_copies_.fetch_add(1);
+    if (config_.pageable_copies_block) s.worker()->wait(ticket);
   }
 
   Config config_;
@@ -424,6 +433,7 @@ class EmulatedDeviceBackend {
   SimdLevel device_simd_;
   emulated::Link h2d_link_;
   emulated::Link d2h_link_;
+  std::atomic<std::size_t> pageable_copies_{0};
 };
 static_assert(DeviceBackend<EmulatedDeviceBackend>);
 

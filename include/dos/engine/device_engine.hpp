@@ -28,6 +28,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -70,8 +72,9 @@ class DeviceEngine {
     };
     reserve_plans(n);
     fetched_.assign(store.segments().size(), 0);
-    refresh_all(false);
     host_views_.update(params);
+    if (host_views_.refused()) stage_host_tensors();
+    refresh_all(false);
     // Residents take the device memory the staging slots leave.
     const std::size_t staging = slots_for(n, slot_bytes) * slot_bytes;
     residency_request_ = {available > staging ? available - staging : 0, {staging, slots_for(n, slot_bytes)}};
@@ -117,7 +120,8 @@ class DeviceEngine {
       const Segment& seg = *refs[k].segment;
       const std::uint32_t s = refs[k].subgroup;
       if (seg.tensor != param || timeline_.plan.placement[s] != Place::cpu || fetched_[k] != 0) continue;
-      b_.copy_d2h(io_[s].mirror.data() + seg.state_offset * 4,
+      const std::size_t piece = io_[s].mirror_pieces[k - store_.blocks()[s].first_segment].grad;
+      b_.copy_d2h(io_[s].mirror.data() + piece,
                   static_cast<const std::byte*>(g.data) + seg.tensor_offset * gs, seg.count * gs,
                   executor_->stream(Lane::d2h));
       fetched_[k] = 1;
@@ -150,7 +154,7 @@ class DeviceEngine {
       return;
     }
     refresh_all(true);
-    host_views_.update(params_);  // before any copy of them is issued
+    if (!staging_) register_host_views();  // before any copy of them is issued
     StepTimeline& t = timeline_;
     if (!planned_) choose(t.plan);
     t.predicted_seconds = model_->predict(t.plan, &t.predicted);
@@ -182,7 +186,10 @@ class DeviceEngine {
   void push_resident(std::size_t s) {
     if (!resident(s)) return;
     for (const auto* list : {&io_[s].up_state, &io_[s].up_value})
-      for (const SlotCopy& c : *list) values_.copy_h2d(io_[s].home.data() + c.offset, c.host, c.bytes);
+      for (const SlotCopy& c : *list) {
+        if (c.staged != nullptr) std::memcpy(c.staged, c.host, c.bytes);  // never from unregistered memory
+        values_.copy_h2d(io_[s].home.data() + c.offset, c.staged != nullptr ? c.staged : c.host, c.bytes);
+      }
   }
   /// @brief Re-reads every value view (validated) and the copy lists built from them,
   ///        so a resident push copies fp32 values from where they are now.
@@ -219,20 +226,43 @@ class DeviceEngine {
   bool resident(std::size_t s) const noexcept { return device_available() && residency_[s] == Place::resident; }
 
   // The CPU updates device tensors on the pinned mirror: gradients fetched in, values
-  // pushed out.
+  // pushed out. Its pieces take each value's type (lay_out_mirror).
   void mirror_device_tensors(std::size_t s) {
     const auto& block = store_.blocks()[s];
-    const std::size_t e4 = store_.subgroups()[s].state_elements * 4;
-    bool device_tensor = false;
-    for (const Segment& seg : store_.subgroups()[s].segments) device_tensor |= params_.on_device(seg.tensor);
-    if (!device_tensor) return;
-    io_[s].mirror = HostBuffer<std::byte, PinnedMemory>(2 * e4, b_.pinned_memory());
+    const std::size_t bytes = lay_out_mirror(io_[s], s, store_, params_);
+    shapes_[s].mirror_bytes = bytes;
+    if (bytes == 0) return;
+    io_[s].mirror = HostBuffer<std::byte, PinnedMemory>(bytes, b_.pinned_memory());
     for (std::uint32_t w = block.first_segment; w < block.end_segment; ++w) {
-      const Segment& seg = *store_.segments()[w].segment;
-      if (!params_.on_device(seg.tensor)) continue;
-      store_.work()[w].args.grad = io_[s].mirror.data() + seg.state_offset * 4;
-      store_.work()[w].args.param = io_[s].mirror.data() + e4 + seg.state_offset * 4;
+      const MirrorPiece& p = io_[s].mirror_pieces[w - block.first_segment];
+      if (p.grad == SlotLayout::absent) continue;
+      store_.work()[w].args.grad = io_[s].mirror.data() + p.grad;
+      store_.work()[w].args.param = io_[s].mirror.data() + p.value;
     }
+  }
+
+  // The backend refused to register a host tensor (or cannot register any): every
+  // subgroup with host tensors copies them through pinned staging of its own, for
+  // good, rather than let one copy be synchronous and hold the CPU lane behind the device.
+  void stage_host_tensors() {
+    std::size_t bytes = 0;
+    for (std::size_t s = 0; s < io_.size(); ++s) {
+      if (io_[s].layout.grad == SlotLayout::absent) continue;  // no host tensor
+      const std::size_t e4 = store_.subgroups()[s].state_elements * 4;
+      io_[s].staging = HostBuffer<std::byte, PinnedMemory>(2 * e4, b_.pinned_memory());
+      bytes += 2 * e4;
+    }
+    staging_ = true;
+    std::fprintf(stderr, "dos: warning: the device backend could not register the framework's host tensors; their "
+                         "copies to and from the device go through %zu B of pinned staging (a CPU copy each way)\n",
+                 bytes);
+  }
+  void register_host_views() {
+    host_views_.update(params_);
+    if (!host_views_.refused() || warned_synchronous_) return;
+    warned_synchronous_ = true;
+    std::fprintf(stderr, "dos: warning: a host tensor that moved could not be registered with the device; its copies "
+                         "are synchronous, and the CPU waits for the device's work before them\n");
   }
 
   void reserve_plans(std::size_t n) {
@@ -283,6 +313,8 @@ class DeviceEngine {
   std::vector<std::uint8_t> fetched_;  // per segment: its gradient was fetched during backward
   std::size_t early_fetch_bytes_ = 0;
   bool planned_ = false;
+  bool staging_ = false;             // host tensors go through SubgroupIo::staging
+  bool warned_synchronous_ = false;  // a moved host tensor was refused after construction
   std::mutex fetch_mutex_;
   std::pair<std::size_t, PlanLimits> residency_request_{};  // resident bytes and staging at construction
   struct Predict {

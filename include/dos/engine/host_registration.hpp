@@ -9,14 +9,16 @@
 /// operation before the CPU updates, so one such copy makes the CPU lane wait for the
 /// device's work and the hybrid step costs T_gpu + T_cpu. Each host view is registered
 /// once per address (a framework that moves a gradient gets the new one registered,
-/// and the old one released); where the backend refuses, one warning says that those
-/// copies are synchronous. A backend without `register_host` has nothing to register.
+/// and the old one released). `refused()` says whether the backend refused one (or
+/// cannot register at all); the engine then stages those copies through pinned
+/// buffers of its own (`SubgroupIo::staging`) and stops registering, so no copy is
+/// synchronous (the engine warns once about a refusal after that choice, when staging
+/// can no longer be allocated).
 
 #include "dos/state/param_table.hpp"
 
 #include <concepts>
 #include <cstddef>
-#include <cstdio>
 #include <vector>
 
 namespace dos::engine {
@@ -56,6 +58,10 @@ class HostRegistration {
     }
   }
 
+  /// @brief Whether a copy from or to a host view could be synchronous: the backend
+  ///        refused to register one, or cannot register at all.
+  bool refused() const noexcept { return refused_ > 0 || !RegistersHost<B>; }
+
  private:
   struct Held {
     const void* data = nullptr;
@@ -66,16 +72,12 @@ class HostRegistration {
     if (h.registered) b_.unregister_host(h.data);
     h.data = data;
     h.registered = b_.register_host(data, bytes);
-    if (!h.registered && !warned_) {
-      warned_ = true;
-      std::fprintf(stderr, "dos: warning: a host tensor (%zu bytes) could not be registered with the device; its "
-                           "copies are synchronous, and the CPU waits for the device's work before them\n", bytes);
-    }
+    if (!h.registered) ++refused_;
   }
 
   B& b_;
   std::vector<Held> held_;
-  bool warned_ = false;
+  std::size_t refused_ = 0;
 };
 
 }  // namespace dos::engine

@@ -22,6 +22,7 @@
 #include <exception>
 #include <chrono>
 #include <cstddef>
+#include <cstring>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -116,8 +117,8 @@ class PlanExecutor {
         case OpKind::upload:
           if (streamed)
             for (const SlotCopy& c : s.up_state) b_.copy_h2d(base + c.offset, c.host, c.bytes, st);
-          for (const SlotCopy& c : s.up_value) b_.copy_h2d(base + c.offset, c.host, c.bytes, st);
-          for (const SlotCopy& c : s.up_grad) b_.copy_h2d(base + c.offset, c.host, c.bytes, st);
+          for (const SlotCopy& c : s.up_value) b_.copy_h2d(base + c.offset, stage_in(c), c.bytes, st);
+          for (const SlotCopy& c : s.up_grad) b_.copy_h2d(base + c.offset, stage_in(c), c.bytes, st);
           break;
         case OpKind::device_update:
           s.bind(base);
@@ -126,7 +127,8 @@ class PlanExecutor {
         case OpKind::download:
           if (streamed)
             for (const SlotCopy& c : s.down_state) b_.copy_d2h(c.host, base + c.offset, c.bytes, st);
-          for (const SlotCopy& c : s.down_value) b_.copy_d2h(c.host, base + c.offset, c.bytes, st);
+          for (const SlotCopy& c : s.down_value)
+            b_.copy_d2h(c.staged != nullptr ? c.staged : c.host, base + c.offset, c.bytes, st);
           if (streamed) b_.discard(base, s.layout.bytes, st);
           break;
         case OpKind::fetch_grad:
@@ -140,12 +142,26 @@ class PlanExecutor {
       b_.record(end_[i], st);
     }
     synchronize();
+    // Staged values reach the framework's tensors once every download is done; the
+    // framework reads them only after the step returns.
+    for (const Op& op : plan.ops)
+      if (op.kind == OpKind::download)
+        for (const SlotCopy& c : io[op.subgroup].down_value)
+          if (c.staged != nullptr) std::memcpy(c.host, c.staged, c.bytes);
     for (std::size_t i = 0; i < plan.ops.size(); ++i)
       if (plan.ops[i].lane != Lane::cpu)
         measured[i] = {b_.elapsed(origin_, begin_[i]), b_.elapsed(origin_, end_[i])};
   }
 
  private:
+  // A staged upload reads pinned memory the host fills now: the subgroup's one upload
+  // per step, after the last step's copies (run() waited for them) are done.
+  static const void* stage_in(const SlotCopy& c) noexcept {
+    if (c.staged == nullptr) return c.host;
+    std::memcpy(c.staged, c.host, c.bytes);
+    return c.staged;
+  }
+
   void synchronize_noexcept() noexcept {
     try {
       synchronize();

@@ -8,13 +8,17 @@
 ///    (for a resident subgroup, the device home is durable and this is its shadow);
 ///  - for tensors the framework keeps on the device, a mirror [gradients | values]:
 ///    the CPU update reads fetched gradients from it and writes values into it, and
-///    the push copies them back to the framework's device tensors.
+///    the push copies them back to the framework's device tensors. Each segment's
+///    pieces take its value's type (2 B per element for bf16/fp16, not 4), so a 16-bit
+///    model's mirror is half an fp32 one; a device gradient is never wider than its
+///    value (`ParamTable` refuses one), so the gradient piece always fits.
 /// Device side: a staging slot (or a resident home) laid out as
 ///    [m | v | vmax? | master | gradients of host tensors? | 16-bit values of host tensors?]
 /// so the state block crosses the link in one copy each way. Per segment, element e
 /// of the subgroup's state sits at `state_offset + e` in every array. Gradients of
 /// host tensors and both mirror arrays take 4 bytes per element whatever their type,
-/// the 16-bit value area 2, so every segment's arrays stay 64-byte aligned.
+/// the 16-bit value area 2, so every segment's arrays stay 64-byte aligned. Mirror
+/// pieces start 64-byte aligned too (`lay_out_mirror`).
 
 #include "dos/backend/device_backend.hpp"
 #include "dos/cpu/bandwidth_probe.hpp"
@@ -46,6 +50,9 @@ struct SlotCopy {
   std::size_t offset = 0;
   void* host = nullptr;
   std::size_t bytes = 0;
+  /// Where the device copies from or to instead of `host`, when the subgroup stages
+  /// its framework tensors (`SubgroupIo::staging`); the CPU copies between the two.
+  std::byte* staged = nullptr;
 };
 
 /// @brief A copy between two absolute addresses (host mirror and framework tensor).
@@ -62,6 +69,12 @@ struct LaunchOffsets {
   std::size_t m = 0, v = 0, vmax = SlotLayout::absent;
 };
 
+/// @brief Byte offsets of one device-tensor segment's pieces in its subgroup's mirror;
+///        `absent` for a segment of a host tensor.
+struct MirrorPiece {
+  std::size_t grad = SlotLayout::absent, value = SlotLayout::absent;
+};
+
 /// @brief Everything the executor needs to move and update one subgroup.
 template <MemoryResource DeviceMemory, MemoryResource PinnedMemory>
 struct SubgroupIo {
@@ -69,7 +82,12 @@ struct SubgroupIo {
   SubgroupShape shape;
   std::uint32_t first_chunk = 0, end_chunk = 0;  ///< its CPU chunks
   HostBuffer<std::byte, PinnedMemory> mirror;    ///< gradients and values of device tensors
+  std::vector<MirrorPiece> mirror_pieces;        ///< per segment of the subgroup, in order
   DeviceBuffer<DeviceMemory> home;               ///< resident subgroups only
+  /// Where the backend cannot register the framework's host tensors: pinned room for
+  /// [gradients | values] of them, 4 + 4 B per state element, so their copies to and
+  /// from the device stay asynchronous (a CPU memcpy before the upload, after the download).
+  HostBuffer<std::byte, PinnedMemory> staging;
 
   // Refreshed before every step from the framework's views; capacity reserved at
   // construction, so refreshing allocates nothing.
@@ -132,6 +150,26 @@ void lay_out(Io& io, SubgroupShape& shape, std::size_t s, const Store& store, co
   io.offsets.reserve(segments);
 }
 
+/// @brief Lays out subgroup @p s's mirror (see the file comment): every segment of a
+///        device tensor gets a gradient piece and a value piece of `count` elements of
+///        its value's type, each starting 64-byte aligned, gradients first. Fills
+///        `io.mirror_pieces`; returns the mirror's bytes (0: no device tensor).
+template <class Io, class Store>
+std::size_t lay_out_mirror(Io& io, std::size_t s, const Store& store, const ParamTable& params) {
+  const auto& block = store.blocks()[s];
+  io.mirror_pieces.assign(block.end_segment - block.first_segment, MirrorPiece{});
+  std::size_t off = 0;
+  for (const bool grads : {true, false})
+    for (std::uint32_t w = block.first_segment; w < block.end_segment; ++w) {
+      const Segment& seg = *store.segments()[w].segment;
+      if (!params.on_device(seg.tensor)) continue;
+      const std::size_t bytes = (seg.count * dtype_size(params.record(seg.tensor).dtype) + 63) / 64 * 64;
+      MirrorPiece& p = io.mirror_pieces[w - block.first_segment];
+      (grads ? p.grad : p.value) = std::exchange(off, off + bytes);
+    }
+  return off;
+}
+
 /// @brief Rebuilds subgroup @p s's copy lists and launch segments from the current
 ///        views, and the transfer sizes of @p shape from this step's types (a bf16
 ///        value may come with an fp32 gradient). With @p with_grads false
@@ -143,7 +181,6 @@ void refresh_io(Io& io, SubgroupShape& sh, std::size_t s, Store& store, const Pa
                 std::span<const std::uint8_t> fetched) {
   const SlotLayout& l = io.layout;
   auto& block = store.blocks()[s];
-  const std::size_t elements = store.subgroups()[s].state_elements;
   for (auto* list : {&io.up_state, &io.up_value, &io.down_state, &io.up_grad, &io.down_value}) list->clear();
   io.fetch.clear();
   io.push.clear();
@@ -152,6 +189,9 @@ void refresh_io(Io& io, SubgroupShape& sh, std::size_t s, Store& store, const Pa
   io.up_state.push_back({0, block.memory.data(), l.state_bytes});
   io.down_state.push_back({0, block.memory.data(), l.state_bytes});
   std::size_t host_grads = 0, host_fp32_values = 0, host_values = 0, device_grads = 0, device_values = 0;
+  std::byte* const staging = io.staging.data();  // null: the host tensors are registered
+  const std::size_t e4 = store.subgroups()[s].state_elements * 4;
+  const auto staged = [&](std::size_t offset) { return staging != nullptr ? staging + offset : nullptr; };
   for (std::uint32_t w = block.first_segment; w < block.end_segment; ++w) {
     const Segment& seg = *store.segments()[w].segment;
     const TensorView& v = params.value(seg.tensor);
@@ -179,26 +219,28 @@ void refresh_io(Io& io, SubgroupShape& sh, std::size_t s, Store& store, const Pa
       d.args.grad = grad;
       o.master = l.master + so * 4;
       std::byte* mirror = io.mirror.data();
-      if (with_grads && !skip && fetched[w] == 0) io.fetch.push_back({mirror + so * 4, grad, seg.count * gs});
-      if (!skip) io.push.push_back({value, mirror + (elements + so) * 4, seg.count * vs});
+      const MirrorPiece& piece = io.mirror_pieces[w - block.first_segment];
+      if (with_grads && !skip && fetched[w] == 0) io.fetch.push_back({mirror + piece.grad, grad, seg.count * gs});
+      if (!skip) io.push.push_back({value, mirror + piece.value, seg.count * vs});
       device_grads += seg.count * gs;
       device_values += seg.count * vs;
     } else {
       o.grad = l.grad + so * 4;
-      if (with_grads && !skip) io.up_grad.push_back({o.grad, const_cast<std::byte*>(grad), seg.count * gs});
+      if (with_grads && !skip)
+        io.up_grad.push_back({o.grad, const_cast<std::byte*>(grad), seg.count * gs, staged(so * 4)});
       host_grads += seg.count * gs;
       host_values += seg.count * vs;
       if (v.dtype == DType::f32) {
         // The host value is the master: it crosses the link both ways, also for a
         // resident subgroup, so edits the framework makes to it are kept.
         o.param = l.master + so * 4;
-        if (!skip) io.up_value.push_back({o.param, value, seg.count * 4});
-        if (!skip) io.down_value.push_back({o.param, value, seg.count * 4});
+        if (!skip) io.up_value.push_back({o.param, value, seg.count * 4, staged(e4 + so * 4)});
+        if (!skip) io.down_value.push_back({o.param, value, seg.count * 4, staged(e4 + so * 4)});
         host_fp32_values += seg.count * 4;
       } else {
         o.param = l.value + so * 2;
         o.master = l.master + so * 4;
-        if (!skip) io.down_value.push_back({o.param, value, seg.count * 2});
+        if (!skip) io.down_value.push_back({o.param, value, seg.count * 2, staged(e4 + so * 2)});
       }
     }
     if (skip) continue;

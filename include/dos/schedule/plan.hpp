@@ -100,6 +100,7 @@ struct SubgroupShape {
   std::size_t fetch_bytes = 0;       ///< device gradients to fetch when updated on the CPU
   std::size_t push_bytes = 0;        ///< parameters to push when updated on the CPU
   std::size_t cpu_bytes = 0;         ///< host bytes a CPU update reads and writes
+  std::size_t mirror_bytes = 0;      ///< pinned host mirror of its device tensors (gradients and values)
 };
 
 /// @brief A complete plan for one update phase.

@@ -198,6 +198,13 @@ class ParamTable {
     if (g.device != v.device)
       throw_invalid_argument("parameter {}: its gradient is on the {} but its value on the {}; dos needs both in "
                              "one place", i, detail::place_name(g.device), detail::place_name(v.device));
+    // A device parameter updated on the CPU is fetched into a pinned mirror sized for
+    // its value's type (half the pinned memory for a 16-bit model); torch gives a
+    // parameter a gradient of its own type, so a wider one is refused, not catered for.
+    if (g.device == Device::device && dtype_size(g.dtype) > dtype_size(v.dtype))
+      throw_invalid_argument("parameter {}: its gradient on the device is {}, wider than its {} value; a device "
+                             "parameter's gradient may be no wider than its value", i, dtype_name(g.dtype),
+                             dtype_name(v.dtype));
     if (g.numel > 0 && g.data == nullptr) throw_invalid_argument("parameter {}: gradient pointer is null", i);
     if (detail::misaligned(g.data, g.dtype))
       throw_invalid_argument("parameter {}: gradient pointer {} is not aligned to {} bytes for {}", i, g.data,

@@ -97,8 +97,7 @@ class InterleavedOptimizer {
   ///         optimizer was built with; nothing has changed then.
   /// @throws std::logic_error when another call is running on this optimizer.
   StepReport step() {
-    holds_.wait_released();  // a checkpoint still copying the state keeps it as it is
-    const CallGuard::Exclusive busy(guard_, "step()");
+    const CallGuard::Exclusive busy = changing_state("step()");
     try {
       return step_impl();
     } catch (...) {
@@ -223,19 +222,14 @@ class InterleavedOptimizer {
   /// @brief Overwrites one state tensor of parameter @p param. Writing the master of a
   ///        16-bit parameter also rewrites its value, rounded.
   void write_state(std::size_t param, StateKind kind, std::span<const float> in) {
-    holds_.wait_released();
-    const CallGuard::Exclusive busy(guard_, "write_state()");
+    const CallGuard::Exclusive busy = changing_state("write_state()");
     engine::write_state(store_, engine_, values_, params_, param, kind, in);
   }
-  /// @brief Keeps the state (m, v, vmax, masters) as it is until the hold is released:
-  ///        `step`, `write_state` and `reload_masters` wait for it (made from one
-  ///        thread, the holder's owner; the optimizer's destructor waits too). Host
-  ///        state only: a device optimizer's resident state moves through its stream.
+  /// @brief Keeps the host state as it is until released (`core/state_hold.hpp`): calls
+  ///        that change it wait. Not for device optimizers (residents move by stream).
   StateHold hold_state() requires(!interleaved) { return holds_.hold(); }
-  /// @brief `read_state` for the holder of @p h, from any thread, while the owner goes
-  ///        on with calls that leave the state as it is (backward, grad_ready, setters).
-  /// @throws std::invalid_argument for a hold on another optimizer, or as
-  ///         `engine::read_stored_state` (the master of an fp32 host parameter).
+  /// @brief `read_state` for the holder of @p h, from any thread (`engine::read_stored_state`).
+  /// @throws std::invalid_argument for a hold on another optimizer, or as that function.
   void read_state(const StateHold& h, std::size_t param, StateKind kind, std::span<float> out) const requires(!interleaved) {
     if (!h.holds(holds_)) throw_invalid_argument("read_state: the hold given is not a live hold on this optimizer");
     engine::read_stored_state(store_, param, kind, out);
@@ -244,8 +238,7 @@ class InterleavedOptimizer {
   ///        next step updates; after editing such values in place, call this to make
   ///        the masters follow them (`engine::reload_masters`).
   void reload_masters() {
-    holds_.wait_released();
-    const CallGuard::Exclusive busy(guard_, "reload_masters()");
+    const CallGuard::Exclusive busy = changing_state("reload_masters()");
     engine::reload_masters(store_, engine_, values_, params_);
   }
 
@@ -331,6 +324,11 @@ class InterleavedOptimizer {
   }
 
   // After a step, applied or skipped: the backward phase and the accumulation are over.
+  // The guard of a call that changes the state: a checkpoint's copy holding it goes first.
+  CallGuard::Exclusive changing_state(const char* call) {
+    holds_.wait_released();
+    return CallGuard::Exclusive(guard_, call);
+  }
   void end_phase() {
     end_backward();
     accumulator_.clear();

@@ -5,6 +5,12 @@
 
 #include <cstdint>
 #include <cstring>
+#include <random>
+#include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 TEST_CASE("buffers are aligned and zero, even when the memory was dirty before") {
   for (bool huge : {false, true}) {
@@ -45,4 +51,34 @@ TEST_CASE("buffers move and own exactly once") {
 TEST_CASE("a bad alignment is rejected") {
   dos::HostResource r;
   CHECK_THROWS_AS((void)r.allocate(64, 3), std::invalid_argument);
+}
+
+// The caller's memory moved onto huge pages: the contents keep every bit, only whole
+// 2 MiB pages inside the range are touched, and what cannot move is left alone.
+TEST_CASE("collapsing the caller's memory onto huge pages keeps its contents") {
+  CHECK(dos::collapse_to_huge_pages(nullptr, 8 << 20) == 0);
+  std::vector<std::uint32_t> small(1000, 7u);
+  CHECK(dos::collapse_to_huge_pages(small.data(), small.size() * 4) == 0);  // no whole 2 MiB page inside
+
+  std::mt19937 rng(11);
+  for (const std::size_t bytes : {std::size_t{5} << 20, (std::size_t{9} << 20) + 12345}) {
+    std::vector<std::uint32_t> data(bytes / 4);
+    for (auto& x : data) x = static_cast<std::uint32_t>(rng());
+    const std::vector<std::uint32_t> before = data;
+    const std::size_t moved = dos::collapse_to_huge_pages(data.data(), data.size() * 4);
+    CHECK(moved % (std::size_t{2} << 20) == 0);
+    CHECK(moved <= data.size() * 4);
+    CHECK(data == before);
+    data[data.size() / 2] ^= 1u;  // still ordinary, writable memory
+    CHECK(data != before);
+  }
+#if defined(__linux__)
+  // Memory the kernel cannot collapse (read-only, unmapped) is refused quietly.
+  const std::size_t page = std::size_t{2} << 20;
+  void* ro = ::mmap(nullptr, 4 * page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(ro != MAP_FAILED);
+  CHECK_NOTHROW((void)dos::collapse_to_huge_pages(ro, 4 * page));
+  ::munmap(ro, 4 * page);
+  CHECK(dos::collapse_to_huge_pages(ro, 4 * page) == 0);  // unmapped now
+#endif
 }

@@ -366,3 +366,23 @@ TEST_CASE("a throwing step forgets what grad_ready() gathered; the retry reads t
   const StepReport r = opt.step();
   CHECK(r.grad_norm == doctest::Approx(std::sqrt(expect)).epsilon(1e-6));
 }
+
+// Options::caller_huge_pages moves the caller's values and gradients onto huge pages at
+// construction: the values keep every bit, and the steps after it are the same as on
+// arrays left where they were.
+TEST_CASE("moving the caller's arrays onto huge pages changes no bit") {
+  const std::size_t n = (std::size_t{5} << 20) / sizeof(float) + 333;  // two whole 2 MiB pages inside, at least
+  Fixture moved({n, 17}), kept({n, 17});
+  const std::vector<float> before = moved.values[0];
+  InterleavedOptimizer<CpuBackend> a(moved.params, AdamW{}, {.subgroup_elements = 1 << 20, .threads = 2});
+  CHECK(same_bits(moved.values[0], before));
+  InterleavedOptimizer<CpuBackend> b(kept.params, AdamW{},
+                                     {.subgroup_elements = 1 << 20, .threads = 2, .caller_huge_pages = false});
+  for (std::int64_t s = 0; s < 3; ++s) {
+    moved.set_gradients(s);
+    kept.set_gradients(s);
+    a.step();
+    b.step();
+  }
+  CHECK(same_bits(snapshot(a, moved), snapshot(b, kept)));
+}

@@ -39,6 +39,10 @@ struct Options {
   SimdLevel simd = SimdLevel::automatic;
   /// Back large state blocks with transparent huge pages.
   bool huge_pages = true;
+  /// Move the framework's host values and gradients (as passed at construction) onto
+  /// huge pages too, in place (`collapse_to_huge_pages`): a one-time copy at about
+  /// 0.5-2 GB/s that made a 1-thread step 7-10% faster on a 2-vCPU EPYC VM.
+  bool caller_huge_pages = true;
   /// Global-norm gradient clipping (L2), as torch.nn.utils.clip_grad_norm_; 0 turns it off.
   double max_grad_norm = 0;
   /// Dynamic loss scaling; implies skipping steps whose gradients overflow.

@@ -8,6 +8,7 @@
 
 #include "dos/core/tensor.hpp"
 #include "dos/error.hpp"
+#include "dos/memory/host_resource.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -64,9 +65,12 @@ class ParamTable {
   ///        usable device).
   /// @param device_backend whether the backend is a device backend at all (for the
   ///        message when it has no usable device).
+  /// @param collapse_pages whether to move the host values and gradients onto huge
+  ///        pages now (`collapse_host_pages`), before a device backend registers them.
   /// @throws std::invalid_argument for an empty list or a bad value view.
   template <Tensor P>
-  ParamTable(std::vector<P> params, const std::vector<std::uint32_t>& groups, bool device_ok, bool device_backend)
+  ParamTable(std::vector<P> params, const std::vector<std::uint32_t>& groups, bool device_ok, bool device_backend,
+             bool collapse_pages = false)
       : device_ok_(device_ok), device_backend_(device_backend) {
     if (params.empty()) throw_invalid_argument("the parameter list is empty");
     source_ = std::make_unique<detail::ParamList<P>>(std::move(params));
@@ -86,6 +90,22 @@ class ParamTable {
     order_.resize(n);
     for (std::size_t i = 0; i < n; ++i) order_[i] = static_cast<std::uint32_t>(i);
     check_overlaps(values_);
+    if (collapse_pages) collapse_host_pages();
+  }
+
+  /// @brief Moves the host values and gradients the framework passed at construction
+  ///        onto huge pages (`collapse_to_huge_pages`); device views and absent gradients
+  ///        are left alone. @return the bytes moved.
+  std::size_t collapse_host_pages() const {
+    std::size_t moved = 0;
+    for (std::size_t i = 0; i < size(); ++i) {
+      if (on_device(i)) continue;
+      const TensorView v = source_->value(i);
+      moved += collapse_to_huge_pages(v.data, v.numel * dtype_size(v.dtype));
+      const ConstTensorView g = source_->grad(i);
+      if (g.device == Device::host && !g.is_absent()) moved += collapse_to_huge_pages(g.data, g.numel * dtype_size(g.dtype));
+    }
+    return moved;
   }
 
   std::size_t size() const noexcept { return records_.size(); }

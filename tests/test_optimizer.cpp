@@ -386,3 +386,27 @@ TEST_CASE("moving the caller's arrays onto huge pages changes no bit") {
   }
   CHECK(same_bits(snapshot(a, moved), snapshot(b, kept)));
 }
+
+namespace {
+// Ranks that are all on this node, with collectives that are never called here.
+struct NodeOfFour {
+  int rank() const { return 0; }
+  int size() const { return 4; }
+  int local_rank() const { return 0; }
+  int local_size() const { return 4; }
+  void all_reduce(std::span<double>, ReduceOp) {}
+  void all_gather(std::span<const float>, std::span<float>, std::span<const std::size_t>) {}
+  void reduce_scatter(std::span<const float>, std::span<float>, std::span<const std::size_t>) {}
+  void barrier() {}
+};
+}  // namespace
+
+TEST_CASE("threads = 0 shares the node's CPUs among the ranks on it; an explicit count is kept") {
+  Options o;
+  o.communicator = NodeOfFour{};
+  CHECK(o.cpu().threads == threads_for_rank(4));
+  CHECK(o.cpu().threads <= std::max(1u, available_threads()));
+  o.threads = 3;
+  CHECK(o.cpu().threads == 3);
+  CHECK(Options{}.cpu().threads == available_threads());
+}

@@ -91,3 +91,32 @@ TEST_CASE("each thread starts at its own cut point, by weight") {
   std::sort(starts.begin(), starts.end());
   CHECK(starts == std::vector<std::size_t>{0, 17, 34, 50});
 }
+
+// A node's ranks share its cores: an even share of the mask when every rank sees the
+// whole node, the mask as it is when the launcher gave each rank its own cores.
+TEST_CASE("threads_for_rank shares the node's CPUs among its ranks") {
+  const unsigned all = dos::available_threads();
+  CHECK(dos::threads_for_rank(1) == all);
+  CHECK(dos::threads_for_rank(0) == all);
+#if defined(__linux__)
+  const long online = ::sysconf(_SC_NPROCESSORS_ONLN);
+  if (all == static_cast<unsigned long>(online)) {
+    for (int ranks : {2, 3, 4, 64}) CHECK(dos::threads_for_rank(ranks) == std::max(1u, all / static_cast<unsigned>(ranks)));
+  }
+  // A thread bound to one CPU, as a launcher binds a rank: the mask is its share.
+  std::thread([] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    cpu_set_t now;
+    REQUIRE(sched_getaffinity(0, sizeof now, &now) == 0);
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &now)) {
+        CPU_SET(c, &one);
+        break;
+      }
+    REQUIRE(sched_setaffinity(0, sizeof one, &one) == 0);
+    CHECK(dos::threads_for_rank(4) == 1);
+    CHECK(dos::threads_for_rank(1) == 1);
+  }).join();
+#endif
+}

@@ -5,6 +5,7 @@
 #include "dos/comm/any_communicator.hpp"
 #include "dos/cpu/executor.hpp"
 #include "dos/cpu/simd.hpp"
+#include "dos/cpu/thread_pool.hpp"
 #include "dos/engine/interleave_options.hpp"
 #include "dos/error.hpp"
 #include "dos/optim/adam.hpp"
@@ -31,7 +32,9 @@ struct Options {
   /// Target elements per subgroup (the unit of scheduling). The paper used 100M.
   std::size_t subgroup_elements = 100'000'000;
   /// CPU threads for the update, the caller included; 0 means every hardware thread
-  /// this process may use. Set it explicitly under torchrun, which sets
+  /// this process may use, shared evenly with the other ranks of its node
+  /// (`communicator.local_size()`) unless the launcher already bound each rank to its
+  /// own cores (`threads_for_rank`). Set it explicitly under torchrun, which sets
   /// OMP_NUM_THREADS=1 (dos does not read OpenMP variables).
   unsigned threads = 0;
   NonFinitePolicy nonfinite = NonFinitePolicy::propagate;
@@ -57,7 +60,9 @@ struct Options {
   AnyCommunicator communicator{};
 
   /// @brief The part of these options the host side (executor, backend) is built from.
-  cpu::CpuConfig cpu() const noexcept { return {threads, simd, huge_pages}; }
+  cpu::CpuConfig cpu() const {
+    return {threads != 0 ? threads : threads_for_rank(communicator.local_size()), simd, huge_pages};
+  }
 };
 
 /// @brief Checks the options that do not depend on the parameters.

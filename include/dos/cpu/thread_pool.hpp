@@ -16,6 +16,7 @@
 
 #include "dos/error.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
@@ -26,6 +27,7 @@
 
 #if defined(__linux__)
 #include <sched.h>
+#include <unistd.h>
 #endif
 
 namespace dos {
@@ -43,6 +45,20 @@ inline unsigned available_threads() noexcept {
 #endif
   const unsigned n = std::thread::hardware_concurrency();
   return n == 0 ? 1u : n;
+}
+
+/// @brief The threads one of @p local_ranks ranks sharing a node takes by default: its
+///        affinity mask as it is where the launcher already gave each rank its own
+///        cores (the mask is narrower than the node's online CPUs), else an even share
+///        of the node's CPUs, at least one. With one rank, `available_threads()`.
+inline unsigned threads_for_rank(int local_ranks) noexcept {
+  const unsigned mine = available_threads();
+  if (local_ranks <= 1) return mine;
+#if defined(__linux__)
+  const long online = ::sysconf(_SC_NPROCESSORS_ONLN);
+  if (online > 0 && mine < static_cast<unsigned long>(online)) return mine;
+#endif
+  return std::max(1u, mine / static_cast<unsigned>(local_ranks));
 }
 
 /// @brief A fixed set of threads that run `parallel_for` loops together.

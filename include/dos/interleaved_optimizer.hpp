@@ -84,7 +84,7 @@ class InterleavedOptimizer {
         backend_(options_.cpu(), backend), values_(backend_, [this](std::size_t n, FunctionRef<void(std::size_t)> f) { cpu_.parallel_for(n, f); }),
         params_(flatten(groups), group_of_each(groups), engine::device_usable(backend_), interleaved, options_.caller_huge_pages),
         store_([&](std::span<const std::size_t> sizes) { return partitioner_.partition(sizes); }, params_, amsgrad_of(groups_),
-               engine::pinned_resource(backend_, options_.huge_pages), [&](const TensorView& v, std::size_t off, std::span<float> out) { values_.read(v, off, out); }),
+               engine::pinned_resource(backend_, options_.huge_pages), [&](const TensorView& v, std::size_t off, std::span<float> out) { values_.read(v, off, out); }, cpu_),
         engine_(engine::make_engine<Engine>(backend_, cpu_, store_, params_, values_, options_.interleave)), norm_(params_.size(), store_.chunks().size()), scaler_(options_.loss_scaling),
         schedules_(groups_.size()), steps_(params_.size(), groups_.size()) {}
 

@@ -6,7 +6,8 @@
 #     against the folder tests/device/prepare.sh fills (fmt, doctest, Google Benchmark)
 #     or, without it, the system's packages;
 #  3. gpu_tests: the CUDA backend's tests (the kernel and the optimizer against the CPU
-#     executor bit for bit, early fetch, clipping and loss scaling on device gradients);
+#     executor bit for bit, early fetch, clipping and loss scaling on device gradients),
+#     and NcclCommunicator's (test_nccl, where NCCL was found);
 #  4. bench: bench_cuda's figures, each against its reference (tests/device/summary.py
 #     lists them);
 #  5. train_gpt: examples/train_gpt built in its own tree against the libtorch of
@@ -135,12 +136,20 @@ if [[ -z $nvcc ]]; then
 else
   cuda_args+=(-DCMAKE_CUDA_COMPILER="$nvcc")
 fi
+# NCCL: the toolkit's, else the one torch's wheels bring (nvidia/nccl).
+nccl_args=()
+if [[ -n $nvcc && ! -e $(dirname "$(dirname "$nvcc")")/include/nccl.h ]]; then
+  nccl_root=$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null) &&
+    [[ -e $nccl_root/include/nccl.h ]] && nccl_args=(-DNCCL_ROOT="$nccl_root") && echo "check: NCCL from $nccl_root"
+fi
 if ((parts_1_4)); then
 run configure 120 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DDOS_BUILD_EXAMPLES=OFF \
-  -DDOS_BUILD_BENCHMARKS=ON -DDOS_WITH_TORCH=OFF -DDOS_INSTALL=OFF "${cuda_args[@]}" "${cmake_deps[@]}" \
+  -DDOS_BUILD_BENCHMARKS=ON -DDOS_WITH_TORCH=OFF -DDOS_INSTALL=OFF "${cuda_args[@]}" "${nccl_args[@]}" "${cmake_deps[@]}" \
   -DCMAKE_PREFIX_PATH="$deps_prefix"
 if ((rc == 0)); then
   t_conf=$took
+  # NcclCommunicator's test, where the configuration found NCCL.
+  cmake --build "$build" --target help 2>/dev/null | grep -q "test_nccl" && targets+=(test_nccl)
   run build 300 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
   took=$((took + t_conf))
 fi
@@ -158,10 +167,18 @@ elif [[ -z $nvcc ]]; then
 else
   run fallback_test 60 "$build/tests/test_cuda_fallback"
   fallback_rc=$rc fallback_took=$took
+  nccl_rc=0 nccl_took=0
+  if [[ -x $build/tests/test_nccl ]]; then
+    run nccl_test 60 "$build/tests/test_nccl"
+    nccl_rc=$rc nccl_took=$took
+    ((nccl_rc == 77)) && nccl_rc=0  # no GPU: gpu_tests says so below
+  fi
   run gpu_tests 150 "$build/tests/test_cuda_backend"
   why=""
   ((rc == 77)) && why=$(grep -m1 -i "no usable\|skipped" "$out/gpu_tests.log" || echo "no GPU")
   ((fallback_rc != 0)) && why="test_cuda_fallback exited $fallback_rc; $why"
+  ((nccl_rc != 0)) && { why="test_nccl exited $nccl_rc (see $out/nccl_test.log); $why"; fallback_rc=$nccl_rc; }
+  fallback_took=$((fallback_took + nccl_took))
   part "$(status_of $((fallback_rc ? fallback_rc : rc)))" gpu_tests $((took + fallback_took)) "$rc" "$why"
   tests_rc=$((fallback_rc ? fallback_rc : rc))
 fi

@@ -9,6 +9,7 @@
 
 #include "dos/core/tensor.hpp"
 #include "dos/cpu/executor.hpp"
+#include "dos/cpu/numa.hpp"
 #include "dos/cpu/grad_stats.hpp"
 #include "dos/cpu/kernel.hpp"
 #include "dos/cpu/simd.hpp"
@@ -56,9 +57,14 @@ struct UpdateChunk {
 class CpuAdamExecutor {
  public:
   /// @throws std::invalid_argument when `config.simd` cannot run on this CPU.
-  explicit CpuAdamExecutor(const CpuConfig& config = {}) : level_(resolve_simd(config.simd)), pool_(config.threads) {}
+  explicit CpuAdamExecutor(const CpuConfig& config = {})
+      : level_(resolve_simd(config.simd)), pool_(config.threads), numa_(numa_layout()) {}
 
   unsigned threads() const noexcept { return pool_.size(); }
+  /// @brief The NUMA nodes this process's threads may run on, as seen at construction.
+  ///        The state is first touched by the threads that update it (`StateStore`),
+  ///        so its pages follow them; threads that span nodes still cross sockets.
+  const NumaLayout& numa() const noexcept { return numa_; }
   SimdLevel simd_level() const noexcept { return level_; }
   ThreadPool& pool() noexcept { return pool_; }
 
@@ -93,6 +99,7 @@ class CpuAdamExecutor {
  private:
   SimdLevel level_;
   ThreadPool pool_;
+  NumaLayout numa_;
 };
 static_assert(CpuExecutor<CpuAdamExecutor>);
 

@@ -129,6 +129,12 @@ class RawBuffer {
 /// @brief An owning array of trivially copyable `T` from a `MemoryResource`,
 ///        zero-initialised: optimizer moments must start at exactly zero
 ///        (docs/design.md, "Traps"), never at whatever the allocator returned.
+/// @brief Tag: a `HostBuffer` whose bytes its owner writes, all of them, before any is
+///        read (the state store zeroes its blocks from the threads that will update
+///        them, so that each page lands on their NUMA node).
+struct Uninitialized {};
+inline constexpr Uninitialized uninitialized{};
+
 template <class T, MemoryResource R = HostResource>
 class HostBuffer {
  public:
@@ -138,6 +144,8 @@ class HostBuffer {
   explicit HostBuffer(std::size_t count, R resource = {}) : bytes_(count * sizeof(T), std::move(resource)) {
     if (count > 0) std::memset(bytes_.data(), 0, bytes_.size());
   }
+  /// @brief Untouched memory: the owner must write every element before reading any.
+  HostBuffer(std::size_t count, R resource, Uninitialized) : bytes_(count * sizeof(T), std::move(resource)) {}
 
   T* data() noexcept { return reinterpret_cast<T*>(bytes_.data()); }
   const T* data() const noexcept { return reinterpret_cast<const T*>(bytes_.data()); }

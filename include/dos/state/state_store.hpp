@@ -19,7 +19,9 @@
 #include "dos/partition/subgroup.hpp"
 #include "dos/state/param_table.hpp"
 
+#include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <cstdint>
 #include <span>
 #include <utility>
@@ -73,9 +75,11 @@ class StateStore {
   /// @param amsgrad whether each group uses amsgrad (it owns a vmax array).
   /// @param resource where the blocks come from (pinned with a device backend).
   /// @param read fills the masters from the values as they are now.
-  template <class Partition>
+  /// @param cpu the executor whose threads will update the blocks: they zero them first
+  ///        (`first_touch`).
+  template <class Partition, cpu::CpuExecutor E>
   StateStore(Partition&& partition, const ParamTable& params, const std::vector<bool>& amsgrad, Pinned resource,
-             ValueReader read)
+             ValueReader read, E& cpu)
       : params_(&params), amsgrad_(amsgrad), coefficients_(amsgrad.size()) {
     const std::size_t n = params.size();
     for (std::uint32_t g = 0; g < amsgrad.size(); ++g) {
@@ -98,7 +102,13 @@ class StateStore {
         subgroup_group_.push_back(g);
       }
     }
-    for (std::size_t s = 0; s < subgroups_.size(); ++s) build_block(s, amsgrad[subgroup_group_[s]], resource, read);
+    for (std::size_t s = 0; s < subgroups_.size(); ++s) build_block(s, amsgrad[subgroup_group_[s]], resource);
+    first_touch(cpu);
+    for (std::size_t k = 0; k < work_.size(); ++k)  // masters from the values, on pages already placed
+      if (work_[k].args.master != nullptr) {
+        const Segment& seg = *refs_[k].segment;
+        read(params_->value(seg.tensor), seg.tensor_offset, {work_[k].args.master, seg.count});
+      }
     for (std::size_t k = 0; k < work_.size(); ++k)
       work_[k].coefficients = &coefficients_[subgroup_group_[refs_[k].subgroup]];
     // Each parameter's chunks, in chunk order.
@@ -185,13 +195,43 @@ class StateStore {
   }
 
  private:
-  void build_block(std::size_t s, bool amsgrad, const Pinned& resource, ValueReader read) {
+  // Zeroes every state array. Each chunk's elements are zeroed by the thread
+  // `parallel_for` gives that chunk, which for an all-CPU step of one value type is the
+  // thread that will update it (the update splits the same chunks by bytes), so with
+  // several NUMA nodes each page lands on the node of the core that streams it. What
+  // no chunk covers (the stagger pad) is zeroed here.
+  template <cpu::CpuExecutor E>
+  void first_touch(E& cpu) {
+    const auto zero = [](float* array, std::size_t from, std::size_t to) {
+      if (array != nullptr && to > from) std::memset(array + from, 0, (to - from) * sizeof(float));
+    };
+    cpu.parallel_for(chunks_.size(), [&](std::size_t i) {
+      const cpu::Chunk& c = chunks_[i];
+      const cpu::SegmentArgs& a = work_[c.segment].args;
+      for (float* array : {a.exp_avg, a.exp_avg_sq, a.max_exp_avg_sq, a.master}) zero(array, c.begin, c.end);
+    });
+    for (std::size_t s = 0; s < blocks_.size(); ++s) {
+      const Block& b = blocks_[s];
+      std::vector<std::pair<std::size_t, std::size_t>> covered;
+      for (std::uint32_t k = b.first_segment; k < b.end_segment; ++k)
+        covered.emplace_back(refs_[k].segment->state_offset, refs_[k].segment->state_offset + refs_[k].segment->count);
+      std::sort(covered.begin(), covered.end());
+      covered.emplace_back(subgroups_[s].state_elements, subgroups_[s].state_elements);
+      std::size_t at = 0;
+      for (const auto& [from, to] : covered) {
+        for (float* array : {b.exp_avg, b.exp_avg_sq, b.max_exp_avg_sq, b.master}) zero(array, at, from);
+        at = std::max(at, to);
+      }
+    }
+  }
+
+  void build_block(std::size_t s, bool amsgrad, const Pinned& resource) {
     const Subgroup& sub = subgroups_[s];
     bool needs_master = false;
     for (const Segment& seg : sub.segments) needs_master |= has_master(seg.tensor);
     const std::size_t arrays = 2 + (amsgrad ? 1 : 0) + (needs_master ? 1 : 0);
     Block block;
-    block.memory = HostBuffer<float, Pinned>(arrays * sub.state_elements, resource);
+    block.memory = HostBuffer<float, Pinned>(arrays * sub.state_elements, resource, uninitialized);  // first_touch zeroes it
     float* next = block.memory.data();
     const auto take = [&] { return std::exchange(next, next + sub.state_elements); };
     block.exp_avg = take();
@@ -210,10 +250,7 @@ class StateStore {
       w.args.exp_avg = block.exp_avg + seg.state_offset;
       w.args.exp_avg_sq = block.exp_avg_sq + seg.state_offset;
       if (amsgrad) w.args.max_exp_avg_sq = block.max_exp_avg_sq + seg.state_offset;
-      if (has_master(seg.tensor)) {
-        w.args.master = block.master + seg.state_offset;
-        read(params_->value(seg.tensor), seg.tensor_offset, {w.args.master, seg.count});
-      }
+      if (has_master(seg.tensor)) w.args.master = block.master + seg.state_offset;
       work_.push_back(w);
       cpu::append_chunks(chunks_, segment, seg.count);
     }

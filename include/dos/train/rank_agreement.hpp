@@ -21,11 +21,13 @@
 
 namespace dos {
 
-/// @brief Runs @p local(row) on this rank, which fills @p fields numbers of its own row
-///        (it may throw), then gives every rank every rank's row: rank r's at
-///        `fields * r` of the result. One all-reduce, run whether or not @p local threw,
-///        so no rank hangs. With one rank, @p local's exception passes as it is.
+/// @brief Runs @p local(row) on this rank, then gives every rank every rank's row: rank
+///        r's at `fields * r` of the result. One all-reduce, run whether or not @p local
+///        threw, so no rank hangs. With one rank, @p local's exception passes as it is.
+/// @param comm the ranks.
+/// @param fields numbers in a row.
 /// @param what how the message starts when a rank failed ("step() changed nothing").
+/// @param local fills this rank's row (a `std::span<double>` of @p fields zeros); may throw.
 /// @throws std::invalid_argument on every rank when @p local threw on any, naming the
 ///         failing ranks (and, on a failing rank, its own message).
 template <class F>

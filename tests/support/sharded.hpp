@@ -30,18 +30,22 @@
 namespace dos::test {
 
 // A handle to storage, as a framework's tensor is: the views follow the vectors, so a
-// test can change a tensor under the optimizer.
-struct ShardParam {
-  std::vector<float>* value;
+// test can change a tensor under the optimizer. Values of type V, float32 gradients.
+template <class V>
+struct VectorParam {
+  std::vector<V>* value;
   std::vector<float>* grad;
 };
+using ShardParam = VectorParam<float>;
 
 }  // namespace dos::test
 
-template <>
-struct dos::tensor_traits<dos::test::ShardParam> {
-  static TensorView value(const test::ShardParam& p) { return {p.value->data(), p.value->size(), DType::f32, Device::host}; }
-  static ConstTensorView grad(const test::ShardParam& p) { return {p.grad->data(), p.grad->size(), DType::f32, Device::host}; }
+template <class V>
+struct dos::tensor_traits<dos::test::VectorParam<V>> {
+  static TensorView value(const test::VectorParam<V>& p) { return {p.value->data(), p.value->size(), dtype_of<V>, Device::host}; }
+  static ConstTensorView grad(const test::VectorParam<V>& p) {
+    return {p.grad->data(), p.grad->size(), DType::f32, Device::host};
+  }
 };
 
 namespace dos::test {

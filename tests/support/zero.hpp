@@ -5,8 +5,9 @@
 //    share where ranks outnumber elements;
 //  - ZeRO-1 without clipping: every rank's values are bit-identical to one process
 //    (InterleavedOptimizer, SingleProcess) stepping the same gradients, and each rank's
-//    m and v are bit-identical to that process's for its share; also on a model of 3
-//    elements, where a 4th rank owns nothing;
+//    master, m and v are bit-identical to that process's for its share; also on a model
+//    of 3 elements, where a 4th rank owns nothing, and with bf16 values (gathered as
+//    floats, rounded back);
 //  - ZeRO-1 with clipping and loss scaling: values within 1e-6 (relative to
 //    max(1, |value|)) of one process and bit-identical across ranks, the same grad norm
 //    bits everywhere; an inf in the (averaged, so every rank's) gradient skips the step
@@ -15,7 +16,7 @@
 //  - ZeRO-2: each rank's own gradients; values within 1e-6 of one process stepping their
 //    mean and bit-identical across ranks; an inf in the last rank's gradient alone makes
 //    every rank skip; bad input fails every rank as above; without clipping, on the
-//    3-element model too;
+//    3-element model too, and bit-exact with bf16 values on inputs whose sums are exact;
 //  - construction: the last rank passing one tensor fewer fails every rank, naming it;
 //    InterleavedOptimizer refuses zero1 and zero2, naming ShardedOptimizer.
 // Returns what failed, each line naming the rank.
@@ -30,15 +31,17 @@
 
 namespace dos::test {
 
-// Every tensor, as every rank holds it in ZeRO-1 and ZeRO-2.
+// Every tensor, as every rank holds it in ZeRO-1 and ZeRO-2, with values of type V.
+template <class V = float>
 struct FullModel {
-  std::vector<std::vector<float>> values, grads;
-  std::vector<ShardParam> params;
+  std::vector<std::vector<V>> values;
+  std::vector<std::vector<float>> grads;
+  std::vector<VectorParam<V>> params;  // bf16 values with float32 gradients: ZeRO-2 reduces float32
   explicit FullModel(std::span<const std::size_t> sizes, std::size_t drop_last = 0) {
     for (std::size_t t = 0; t + drop_last < sizes.size(); ++t) {
       values.emplace_back(sizes[t]);
       grads.emplace_back(sizes[t]);
-      for (std::size_t i = 0; i < sizes[t]; ++i) values[t][i] = initial_param(t, i);
+      for (std::size_t i = 0; i < sizes[t]; ++i) values[t][i] = V(initial_param(t, i));
     }
     for (std::size_t t = 0; t < values.size(); ++t) params.push_back({&values[t], &grads[t]});
   }
@@ -69,15 +72,17 @@ struct FullModel {
   double digest() const {
     std::uint64_t h = 0;
     for (const auto& v : values)
-      for (const float x : v) h = mix(h ^ std::bit_cast<std::uint32_t>(x));
+      for (const V x : v) h = mix(h ^ std::bit_cast<std::uint32_t>(static_cast<float>(x)));
     return static_cast<double>(h >> 12);
   }
 };
 
-inline bool same_bits(std::span<const float> a, std::span<const float> b) {
+template <class V>
+bool same_bits(std::span<const V> a, std::span<const V> b) {
   if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i])) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)  // float32 holds a bf16 exactly
+    if (std::bit_cast<std::uint32_t>(static_cast<float>(a[i])) != std::bit_cast<std::uint32_t>(static_cast<float>(b[i])))
+      return false;
   return true;
 }
 
@@ -93,6 +98,10 @@ class ZeroCheck {
     exact(tiny_sizes, Sharding::zero1, true);
     exact(sharded_sizes, Sharding::zero2, false);
     exact(tiny_sizes, Sharding::zero2, false);
+    exact<bf16>(sharded_sizes, Sharding::zero1, true);
+    // These gradients are small dyadic numbers: their sum is exact in any order, so the
+    // mean is one process's to the bit, and so are bf16 values rounded from it.
+    exact<bf16>(sharded_sizes, Sharding::zero2, true);
     clipped(Sharding::zero1);
     clipped(Sharding::zero2);
     construction();
@@ -126,9 +135,10 @@ class ZeroCheck {
 
   // Without clipping: ZeRO-1 bit-identical to one process (values and the share's state);
   // ZeRO-2 within 1e-6 of one process stepping the mean.
+  template <class V = float>
   void exact(std::span<const std::size_t> sizes, Sharding mode, bool bitwise) {
-    const std::string what = fmt::format("{} on {} tensors", sharding_name(mode), sizes.size());
-    FullModel mine(sizes), ref(sizes);
+    const std::string what = fmt::format("{} on {} {} tensors", sharding_name(mode), sizes.size(), dtype_name(dtype_of<V>));
+    FullModel<V> mine(sizes), ref(sizes);
     ShardedOptimizer<Backend> opt(mine.params, AdamW{.lr = 1e-2}, options(mode));
     InterleavedOptimizer<Backend> one(ref.params, AdamW{.lr = 1e-2}, single(options(mode)));
     std::size_t total = 0;
@@ -142,7 +152,7 @@ class ZeroCheck {
       expect(r.applied && opt.step_count() == s + 1, fmt::format("{}: step {} not applied", what, s));
       for (std::size_t t = 0; t < sizes.size(); ++t)
         if (bitwise) {
-          expect(same_bits(mine.values[t], ref.values[t]), fmt::format("{}: step {}: tensor {} is not bit-identical to one process", what, s, t));
+          expect(same_bits<V>(mine.values[t], ref.values[t]), fmt::format("{}: step {}: tensor {} is not bit-identical to one process", what, s, t));
         } else {
           expect(worst(mine.values[t], ref.values[t]) <= 1e-6, fmt::format("{}: step {}: tensor {} differs from one process by {:g}", what, s, t, worst(mine.values[t], ref.values[t])));
         }
@@ -150,11 +160,11 @@ class ZeroCheck {
     }
     const auto& pieces = opt.share().pieces();
     for (std::size_t k = 0; k < pieces.size() && bitwise; ++k)
-      for (const StateKind kind : {StateKind::exp_avg, StateKind::exp_avg_sq}) {
+      for (const StateKind kind : {StateKind::master, StateKind::exp_avg, StateKind::exp_avg_sq}) {
         std::vector<float> part(pieces[k].numel), whole(sizes[pieces[k].tensor]);
         opt.local().read_state(k, kind, part);
         one.read_state(pieces[k].tensor, kind, whole);
-        expect(same_bits(part, std::span<const float>(whole).subspan(pieces[k].offset, pieces[k].numel)),
+        expect(same_bits<float>(part, std::span<const float>(whole).subspan(pieces[k].offset, pieces[k].numel)),
                fmt::format("{}: piece {} (tensor {}): state {} not bit-identical to one process", what, k, pieces[k].tensor, static_cast<int>(kind)));
       }
   }
@@ -165,7 +175,7 @@ class ZeroCheck {
     Options o = options(mode);
     o.max_grad_norm = 0.05;  // small enough that every applied step clips
     o.loss_scaling = LossScaling{.init_scale = 1024, .growth_interval = 2};
-    FullModel mine(sharded_sizes), ref(sharded_sizes);
+    FullModel<> mine(sharded_sizes), ref(sharded_sizes);
     ShardedOptimizer<Backend> opt(mine.params, AdamW{.lr = 1e-2}, o);
     InterleavedOptimizer<Backend> one(ref.params, AdamW{.lr = 1e-2}, single(o));
     constexpr std::int64_t inf_step = 2, bad_step = 4, steps = 6;
@@ -195,13 +205,13 @@ class ZeroCheck {
     }
   }
 
-  void fails_everywhere(ShardedOptimizer<Backend>& opt, FullModel& mine, const std::string& what,
+  void fails_everywhere(ShardedOptimizer<Backend>& opt, FullModel<>& mine, const std::string& what,
                         const std::function<void()>& spoil, const std::function<void()>& mend) {
     for (const auto& f : fails_on_every_rank(comm_, opt, mine.values, spoil, mend)) expect(false, what + ": " + f);
   }
 
   void construction() {
-    FullModel mine(sharded_sizes, rank_ == size_ - 1 && size_ > 1 ? 1 : 0);
+    FullModel<> mine(sharded_sizes, rank_ == size_ - 1 && size_ > 1 ? 1 : 0);
     std::string error;
     try {
       ShardedOptimizer<Backend> opt(mine.params, AdamW{}, options(Sharding::zero1));
@@ -222,10 +232,12 @@ class ZeroCheck {
     expect(error.find("ShardedOptimizer") != std::string::npos, "InterleavedOptimizer took zero2: '" + error + "'");
   }
 
-  static double worst(const std::vector<float>& a, const std::vector<float>& b) {
+  template <class V>
+  static double worst(const std::vector<V>& a, const std::vector<V>& b) {
     double w = 0;
     for (std::size_t i = 0; i < a.size(); ++i)
-      w = std::max(w, std::abs(static_cast<double>(a[i]) - b[i]) / std::max(1.0, std::abs(static_cast<double>(b[i]))));
+      w = std::max(w, std::abs(static_cast<double>(static_cast<float>(a[i])) - static_cast<float>(b[i])) /
+                          std::max(1.0, std::abs(static_cast<double>(static_cast<float>(b[i])))));
     return w;
   }
 

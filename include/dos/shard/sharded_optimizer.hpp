@@ -27,6 +27,7 @@
 #include <ranges>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace dos {
@@ -34,7 +35,8 @@ namespace dos {
 /// @brief Adam/AdamW with its state sharded over the ranks of `Options::communicator`
 ///        by dos (`Options::sharding`: `Sharding::zero1` or `Sharding::zero2`).
 ///
-/// Every rank passes the same tensors in the same order (float32 host values). Rank r
+/// Every rank passes the same tensors in the same order (host values: float32, or 16-bit
+/// ones, for which the local optimizer keeps float32 masters of its share). Rank r
 /// owns a contiguous, balanced part of their concatenation (`share()`); its optimizer
 /// (`local()`) holds m, v (and masters where the backend keeps them) for that part only.
 /// A step, in order: (1) every rank checks every tensor's views, and the ranks agree
@@ -60,7 +62,7 @@ class ShardedOptimizer {
 
   /// @brief Shards @p params (every rank: the same tensors, in the same order).
   /// @throws std::invalid_argument on every rank when any rank's input is bad (not zero1
-  ///         or zero2, an empty list, a value that is not float32 on the host, options or
+  ///         or zero2, an empty list, a value not on the host, options or
   ///         hyperparameters the local optimizer refuses), or when the ranks' tensor
   ///         counts or sizes differ; the message names the failing rank(s).
   template <std::ranges::input_range R>
@@ -77,18 +79,23 @@ class ShardedOptimizer {
         throw_invalid_argument("ShardedOptimizer needs Options::sharding zero1 or zero2; with Sharding::framework each "
                                "rank passes its own shard to an InterleavedOptimizer");
       if (whole.params.empty()) throw_invalid_argument("the parameter list is empty");
-      std::uint64_t hash = 14695981039346656037ull;  // FNV-1a over the sizes
+      std::uint64_t hash = 14695981039346656037ull;  // FNV-1a over the sizes and dtypes
+      std::size_t widest_16 = 0;
       for (std::size_t t = 0; t < whole.params.size(); ++t) {
         const TensorView v = whole.value(t);
-        if (v.dtype != DType::f32 || v.device != Device::host || (v.data == nullptr && v.numel > 0))
-          throw_invalid_argument("parameter {}: ShardedOptimizer gathers float32 host values, this one is {} on the {}", t,
-                                 dtype_name(v.dtype), v.device == Device::host ? "host" : "device");
+        if (!dtype_valid(v.dtype) || v.device != Device::host || (v.data == nullptr && v.numel > 0))
+          throw_invalid_argument("parameter {}: ShardedOptimizer gathers host values, this one is on the {}", t,
+                                 v.device == Device::host ? "host, without data" : "device");
         sizes_.push_back(v.numel);
+        dtypes_.push_back(v.dtype);
+        if (v.dtype != DType::f32) widest_16 = std::max(widest_16, v.numel);
         hash = (hash ^ v.numel) * 1099511628211ull;
+        hash = (hash ^ static_cast<std::uint64_t>(v.dtype)) * 1099511628211ull;
       }
       row[0] = static_cast<double>(sizes_.size());
       for (const std::size_t n : sizes_) row[1] += static_cast<double>(n);
       row[2] = static_cast<double>(hash >> 12);  // 52 bits: exact in a double
+      gathered_.assign(widest_16, 0.0f);
       build(whole, hyper, std::move(options), backend);
     });
     check_same_shapes(rows);
@@ -169,9 +176,9 @@ class ShardedOptimizer {
   void check_views() const {
     for (std::size_t t = 0; t < sizes_.size(); ++t) {
       const TensorView v = whole_->value(t);
-      if (v.dtype != DType::f32 || v.device != Device::host || v.numel != sizes_[t] || (v.data == nullptr && v.numel > 0))
-        throw_invalid_argument("parameter {}: the value is now {} elements of {} (built with {} of float32 on the host)", t,
-                               v.numel, dtype_name(v.dtype), sizes_[t]);
+      if (v.dtype != dtypes_[t] || v.device != Device::host || v.numel != sizes_[t] || (v.data == nullptr && v.numel > 0))
+        throw_invalid_argument("parameter {}: the value is now {} elements of {} (built with {} of {} on the host)", t,
+                               v.numel, dtype_name(v.dtype), sizes_[t], dtype_name(dtypes_[t]));
       const ConstTensorView g = whole_->grad(t);
       if (g.is_absent() && mode_ == Sharding::zero1) continue;
       if (g.is_absent()) throw_invalid_argument("parameter {}: ZeRO-2 needs every gradient, this one is absent", t);
@@ -196,29 +203,38 @@ class ShardedOptimizer {
     for (float& x : grads_) x /= ranks;
   }
 
-  // Every owner's new values to every rank, tensor by tensor, through a copy of this
-  // rank's piece (a collective's input must not alias its output).
+  // Every owner's new values to every rank, tensor by tensor, through a float copy of
+  // this rank's piece (a collective's input must not alias its output). A 16-bit tensor
+  // is gathered as floats and rounded back: exact, its values being 16-bit already.
   void gather_values() {
     const std::size_t me = static_cast<std::size_t>(comm_.rank());
     for (std::size_t t = 0; t < sizes_.size(); ++t) {
       const std::span<const std::size_t> counts = share_.counts(t);
       const std::size_t n = counts[me];
       const TensorView v = whole_->value(t);
-      const std::span<float> all(static_cast<float*>(v.data), v.numel);
       std::size_t offset = 0;  // where this rank's piece starts within the tensor
       for (std::size_t r = 0; r < me; ++r) offset += counts[r];
-      std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(offset), n, scratch_.begin());
-      comm_.all_gather(std::span<const float>(scratch_).first(n), all, counts);
+      visit_dtype(v.dtype, [&](auto type) {
+        using T = typename decltype(type)::type;
+        T* const data = static_cast<T*>(v.data);
+        std::transform(data + offset, data + offset + n, scratch_.begin(), [](T x) { return static_cast<float>(x); });
+        const std::span<float> all = std::is_same_v<T, float> ? std::span<float>(reinterpret_cast<float*>(data), v.numel)
+                                                              : std::span<float>(gathered_).first(v.numel);
+        comm_.all_gather(std::span<const float>(scratch_).first(n), all, counts);
+        if constexpr (!std::is_same_v<T, float>) std::transform(all.begin(), all.end(), data, [](float x) { return T(x); });
+      });
     }
   }
 
   AnyCommunicator comm_;
   Sharding mode_;
   std::vector<std::size_t> sizes_;  // per tensor, as built
+  std::vector<DType> dtypes_;       // per tensor: its value's
   ZeroShare share_{std::span<const std::size_t>{}, 0, 1};
   std::vector<std::size_t> at_;     // per tensor: where this rank's piece starts in its share
   std::vector<float> grads_;        // ZeRO-2: the mean gradients of this rank's share
   std::vector<float> scratch_;      // this rank's widest piece, for the all-gather
+  std::vector<float> gathered_;     // the widest 16-bit tensor, gathered as floats
   std::unique_ptr<Tensors> whole_;
   std::optional<Local> local_;
 };

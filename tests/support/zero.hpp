@@ -17,7 +17,8 @@
 //    mean and bit-identical across ranks; an inf in the last rank's gradient alone makes
 //    every rank skip; bad input fails every rank as above; without clipping, on the
 //    3-element model too, and bit-exact with bf16 values on inputs whose sums are exact;
-//  - construction: the last rank passing one tensor fewer fails every rank, naming it;
+//  - construction: the last rank passing one tensor fewer, or asking for ZeRO-2 where
+//    the others ask for ZeRO-1, fails every rank, naming it;
 //    InterleavedOptimizer refuses zero1 and zero2, naming ShardedOptimizer.
 // Returns what failed, each line naming the rank.
 
@@ -223,6 +224,16 @@ class ZeroCheck {
              fmt::format("one tensor fewer on rank {}: '{}'", size_ - 1, error));
     else
       expect(error.empty(), "one rank alone failed to build: " + error);
+    error.clear();
+    FullModel<> same(sharded_sizes);  // the last rank asks for ZeRO-2, the others for ZeRO-1
+    try {
+      ShardedOptimizer<Backend> opt(same.params, AdamW{}, options(rank_ == size_ - 1 && size_ > 1 ? Sharding::zero2 : Sharding::zero1));
+    } catch (const std::invalid_argument& e) {
+      error = e.what();
+    }
+    if (size_ > 1)
+      expect(error.find(fmt::format("rank {} (7 tensors", size_ - 1)) != std::string::npos,
+             fmt::format("another mode on rank {}: '{}'", size_ - 1, error));
     error.clear();
     try {
       InterleavedOptimizer<Backend> wrong(mine.params, AdamW{}, options(Sharding::zero2));

@@ -64,7 +64,8 @@ class ShardedOptimizer {
   /// @throws std::invalid_argument on every rank when any rank's input is bad (not zero1
   ///         or zero2, an empty list, a value not on the host, options or
   ///         hyperparameters the local optimizer refuses), or when the ranks' tensor
-  ///         counts or sizes differ; the message names the failing rank(s).
+  ///         counts, sizes, dtypes or sharding modes differ; the message names the
+  ///         failing rank(s).
   template <std::ranges::input_range R>
     requires Tensor<std::ranges::range_value_t<R>>
   ShardedOptimizer(R&& params, AdamConfig hyper, Options options = {}, typename Local::BackendConfig backend = {})
@@ -79,7 +80,8 @@ class ShardedOptimizer {
         throw_invalid_argument("ShardedOptimizer needs Options::sharding zero1 or zero2; with Sharding::framework each "
                                "rank passes its own shard to an InterleavedOptimizer");
       if (whole.params.empty()) throw_invalid_argument("the parameter list is empty");
-      std::uint64_t hash = 14695981039346656037ull;  // FNV-1a over the sizes and dtypes
+      // FNV-1a over the mode, the sizes and the dtypes.
+      std::uint64_t hash = (14695981039346656037ull ^ static_cast<std::uint64_t>(mode_)) * 1099511628211ull;
       std::size_t widest_16 = 0;
       for (std::size_t t = 0; t < whole.params.size(); ++t) {
         const TensorView v = whole.value(t);
@@ -120,8 +122,9 @@ class ShardedOptimizer {
   const ZeroShare& share() const noexcept { return share_; }
   /// @brief The optimizer of this rank's share: its parameters are `share().pieces()`, in
   ///        order (an empty share: one stand-in of no elements). Read its state, set its
-  ///        learning rate or schedule there, the same on every rank; step only through
-  ///        this class.
+  ///        learning rate or schedule there, the same on every rank. Step only through
+  ///        this class; its `grad_ready` and `accumulate` are not for ZeRO (ZeRO-2's
+  ///        gradients exist only inside `step()`).
   Local& local() noexcept { return *local_; }
   const Local& local() const noexcept { return *local_; }
   Sharding sharding() const noexcept { return mode_; }
@@ -169,7 +172,8 @@ class ShardedOptimizer {
       if (!std::equal(rows.begin() + 3 * r, rows.begin() + 3 * r + 3, rows.begin()))
         differ += fmt::format("{}rank {} ({} tensors, {} elements)", differ.empty() ? "" : ", ", r, rows[3 * r], rows[3 * r + 1]);
     if (!differ.empty())
-      throw_invalid_argument("ShardedOptimizer: every rank must pass the same tensors in the same order; rank 0 has {} tensors of "
+      throw_invalid_argument("ShardedOptimizer: every rank must pass the same tensors (sizes, dtypes) in the same order, with "
+                             "the same Options::sharding; rank 0 has {} tensors of "
                              "{} elements, and these differ: {}", rows[0], rows[1], differ);
   }
 

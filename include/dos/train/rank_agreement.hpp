@@ -33,32 +33,33 @@ namespace dos {
 template <class F>
 std::vector<double> gather_rows(AnyCommunicator& comm, std::size_t fields, const char* what, F&& local) {
   const int size = comm.size();
+  if (size == 1) {  // no collective, and no allocation for a row of no fields
+    std::vector<double> row(fields, 0.0);
+    local(std::span<double>(row));
+    return row;
+  }
   // One row per rank, zero but for this rank's own: a sum is then a gather, exact in any
   // reduction order (x + 0 == x, inf and NaN included). Column 0 says whether it failed.
   const std::size_t width = fields + 1;
   std::vector<double> rows(width * static_cast<std::size_t>(size), 0.0);
   const std::span<double> row(rows.data() + width * static_cast<std::size_t>(comm.rank()), width);
-  if (size == 1) {
+  std::string error;
+  try {
     local(row.subspan(1));
-  } else {
-    std::string error;
-    try {
-      local(row.subspan(1));
-    } catch (const std::exception& e) {
-      error = e.what();
-      if (error.starts_with("dos: ")) error.erase(0, 5);  // ours gets the prefix once
-    } catch (...) {
-      error = "an exception that is not a std::exception";
-    }
-    row[0] = error.empty() ? 0.0 : 1.0;
-    comm.all_reduce(rows, ReduceOp::sum);
-    std::string failed;
-    for (int r = 0; r < size; ++r)
-      if (rows[width * static_cast<std::size_t>(r)] != 0.0) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
-    if (!error.empty()) throw_invalid_argument("{} on any of the {} ranks: rank {} failed: {}", what, size, comm.rank(), error);
-    if (!failed.empty())
-      throw_invalid_argument("{} on any of the {} ranks: rank(s) {} failed (their errors say why)", what, size, failed);
+  } catch (const std::exception& e) {
+    error = e.what();
+    if (error.starts_with("dos: ")) error.erase(0, 5);  // ours gets the prefix once
+  } catch (...) {
+    error = "an exception that is not a std::exception";
   }
+  row[0] = error.empty() ? 0.0 : 1.0;
+  comm.all_reduce(rows, ReduceOp::sum);
+  std::string failed;
+  for (int r = 0; r < size; ++r)
+    if (rows[width * static_cast<std::size_t>(r)] != 0.0) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+  if (!error.empty()) throw_invalid_argument("{} on any of the {} ranks: rank {} failed: {}", what, size, comm.rank(), error);
+  if (!failed.empty())
+    throw_invalid_argument("{} on any of the {} ranks: rank(s) {} failed (their errors say why)", what, size, failed);
   std::vector<double> out(fields * static_cast<std::size_t>(size));
   for (std::size_t r = 0; r < static_cast<std::size_t>(size); ++r)
     for (std::size_t f = 0; f < fields; ++f) out[r * fields + f] = rows[r * width + 1 + f];

@@ -83,7 +83,8 @@ template <class V>
 bool same_bits(std::span<const V> a, std::span<const V> b) {
   if (a.size() != b.size()) return false;
   for (std::size_t i = 0; i < a.size(); ++i)  // float32 holds a bf16 exactly
-    if (std::bit_cast<std::uint32_t>(static_cast<float>(a[i])) != std::bit_cast<std::uint32_t>(static_cast<float>(b[i])))
+    if (std::bit_cast<std::uint32_t>(static_cast<float>(a[i])) !=
+        std::bit_cast<std::uint32_t>(static_cast<float>(b[i])))
       return false;
   return true;
 }
@@ -135,7 +136,8 @@ class ZeroCheck {
   }
   void check_share(const ZeroShare& s, std::size_t total, const char* what) {
     const std::size_t lo = total / static_cast<std::size_t>(size_);
-    expect(s.numel() == lo || s.numel() == lo + 1, fmt::format("{}: a share of {} elements of {}", what, s.numel(), total));
+    expect(s.numel() == lo || s.numel() == lo + 1,
+           fmt::format("{}: a share of {} elements of {}", what, s.numel(), total));
     std::vector<double> sum{static_cast<double>(s.numel())};
     comm_.all_reduce(sum, ReduceOp::sum);
     expect(sum[0] == static_cast<double>(total), fmt::format("{}: the shares add up to {} of {}", what, sum[0], total));
@@ -145,7 +147,8 @@ class ZeroCheck {
   // ZeRO-2 within 1e-6 of one process stepping the mean.
   template <class V = float>
   void exact(std::span<const std::size_t> sizes, Sharding mode, bool bitwise) {
-    const std::string what = fmt::format("{} on {} {} tensors", sharding_name(mode), sizes.size(), dtype_name(dtype_of<V>));
+    const std::string what =
+        fmt::format("{} on {} {} tensors", sharding_name(mode), sizes.size(), dtype_name(dtype_of<V>));
     FullModel<V> mine(sizes), ref(sizes);
     ShardedOptimizer<Backend> opt(mine.params, AdamW{.lr = 1e-2}, options(mode));
     InterleavedOptimizer<Backend> one(ref.params, AdamW{.lr = 1e-2}, single(options(mode)));
@@ -160,9 +163,12 @@ class ZeroCheck {
       expect(r.applied && opt.step_count() == s + 1, fmt::format("{}: step {} not applied", what, s));
       for (std::size_t t = 0; t < sizes.size(); ++t)
         if (bitwise) {
-          expect(same_bits<V>(mine.values[t], ref.values[t]), fmt::format("{}: step {}: tensor {} is not bit-identical to one process", what, s, t));
+          expect(same_bits<V>(mine.values[t], ref.values[t]),
+                 fmt::format("{}: step {}: tensor {} is not bit-identical to one process", what, s, t));
         } else {
-          expect(worst(mine.values[t], ref.values[t]) <= 1e-6, fmt::format("{}: step {}: tensor {} differs from one process by {:g}", what, s, t, worst(mine.values[t], ref.values[t])));
+          expect(worst(mine.values[t], ref.values[t]) <= 1e-6,
+                 fmt::format("{}: step {}: tensor {} differs from one process by {:g}", what, s, t,
+                             worst(mine.values[t], ref.values[t])));
         }
       expect(same_on_every_rank(comm_, mine.digest()), fmt::format("{}: step {}: values differ across ranks", what, s));
     }
@@ -173,7 +179,8 @@ class ZeroCheck {
         opt.local().read_state(k, kind, part);
         one.read_state(pieces[k].tensor, kind, whole);
         expect(same_bits<float>(part, std::span<const float>(whole).subspan(pieces[k].offset, pieces[k].numel)),
-               fmt::format("{}: piece {} (tensor {}): state {} not bit-identical to one process", what, k, pieces[k].tensor, static_cast<int>(kind)));
+               fmt::format("{}: piece {} (tensor {}): state {} not bit-identical to one process", what, k,
+                           pieces[k].tensor, static_cast<int>(kind)));
       }
   }
 
@@ -194,22 +201,30 @@ class ZeroCheck {
       ref.set_mean_gradients(s, one.loss_scale(), mode == Sharding::zero1 ? 1 : size_);
       if (s == inf_step) ref.grads.back()[0] = std::numeric_limits<float>::infinity();
       if (s == bad_step) {
-        fails_everywhere(opt, mine, what, [&] { mine.grads[2].push_back(0); }, [&] { mine.grads[2].pop_back(); });
-        fails_everywhere(opt, mine, what, [&] { opt.local().set_schedule(0, [](std::int64_t) { return -1.0; }); },
-                         [&] { opt.local().set_schedule(0, {}); });
+        fails_everywhere(
+            opt, mine, what, [&] { mine.grads[2].push_back(0); }, [&] { mine.grads[2].pop_back(); });
+        fails_everywhere(
+            opt, mine, what, [&] { opt.local().set_schedule(0, [](std::int64_t) { return -1.0; }); },
+            [&] { opt.local().set_schedule(0, {}); });
       }
       const StepReport r = opt.step();
       const StepReport rr = one.step();
-      expect(r.applied == (s != inf_step) && rr.applied == r.applied, fmt::format("{}: step {}: applied {}", what, s, r.applied));
-      expect(same_on_every_rank(comm_, r.grad_norm), fmt::format("{}: step {}: grad norm differs across ranks", what, s));
+      expect(r.applied == (s != inf_step) && rr.applied == r.applied,
+             fmt::format("{}: step {}: applied {}", what, s, r.applied));
+      expect(same_on_every_rank(comm_, r.grad_norm),
+             fmt::format("{}: step {}: grad norm differs across ranks", what, s));
       expect(same_on_every_rank(comm_, mine.digest()), fmt::format("{}: step {}: values differ across ranks", what, s));
-      expect(r.loss_scale == rr.loss_scale, fmt::format("{}: step {}: loss scale {} (one process: {})", what, s, r.loss_scale, rr.loss_scale));
+      expect(r.loss_scale == rr.loss_scale,
+             fmt::format("{}: step {}: loss scale {} (one process: {})", what, s, r.loss_scale, rr.loss_scale));
       if (r.applied) {
-        expect(std::abs(r.grad_norm - rr.grad_norm) <= 1e-6 * rr.grad_norm, fmt::format("{}: step {}: grad norm {} (one process: {})", what, s, r.grad_norm, rr.grad_norm));
+        expect(std::abs(r.grad_norm - rr.grad_norm) <= 1e-6 * rr.grad_norm,
+               fmt::format("{}: step {}: grad norm {} (one process: {})", what, s, r.grad_norm, rr.grad_norm));
         expect(rr.clip_coef < 1, fmt::format("{}: step {}: the scenario does not clip", what, s));
       }
       for (std::size_t t = 0; t < mine.values.size(); ++t)
-        expect(worst(mine.values[t], ref.values[t]) <= 1e-6, fmt::format("{}: step {}: tensor {} differs from one process by {:g}", what, s, t, worst(mine.values[t], ref.values[t])));
+        expect(worst(mine.values[t], ref.values[t]) <= 1e-6,
+               fmt::format("{}: step {}: tensor {} differs from one process by {:g}", what, s, t,
+                           worst(mine.values[t], ref.values[t])));
     }
   }
 
@@ -234,7 +249,8 @@ class ZeroCheck {
     error.clear();
     FullModel<> same(sharded_sizes);  // the last rank asks for ZeRO-2, the others for ZeRO-1
     try {
-      ShardedOptimizer<Backend> opt(same.params, AdamW{}, options(rank_ == size_ - 1 && size_ > 1 ? Sharding::zero2 : Sharding::zero1));
+      ShardedOptimizer<Backend> opt(same.params, AdamW{},
+                                    options(rank_ == size_ - 1 && size_ > 1 ? Sharding::zero2 : Sharding::zero1));
     } catch (const std::invalid_argument& e) {
       error = e.what();
     }

@@ -75,31 +75,35 @@ class ShardedOptimizer {
     Whole<P>& whole = *owned;
     whole_ = std::move(owned);  // before local_, which reads it, and destroyed after it
     for (auto&& p : params) whole.params.push_back(p);
-    const std::vector<double> rows = gather_rows(comm_, 3, "ShardedOptimizer: construction failed", [&](std::span<double> row) {
-      if (mode_ == Sharding::framework)
-        throw_invalid_argument("ShardedOptimizer needs Options::sharding zero1 or zero2; with Sharding::framework each "
-                               "rank passes its own shard to an InterleavedOptimizer");
-      if (whole.params.empty()) throw_invalid_argument("the parameter list is empty");
-      // FNV-1a over the mode, the sizes and the dtypes.
-      std::uint64_t hash = (14695981039346656037ull ^ static_cast<std::uint64_t>(mode_)) * 1099511628211ull;
-      std::size_t widest_16 = 0;
-      for (std::size_t t = 0; t < whole.params.size(); ++t) {
-        const TensorView v = whole.value(t);
-        if (!dtype_valid(v.dtype) || v.device != Device::host || (v.data == nullptr && v.numel > 0))
-          throw_invalid_argument("parameter {}: ShardedOptimizer gathers host values, this one is on the {}", t,
-                                 v.device == Device::host ? "host, without data" : "device");
-        sizes_.push_back(v.numel);
-        dtypes_.push_back(v.dtype);
-        if (v.dtype != DType::f32) widest_16 = std::max(widest_16, v.numel);
-        hash = (hash ^ v.numel) * 1099511628211ull;
-        hash = (hash ^ static_cast<std::uint64_t>(v.dtype)) * 1099511628211ull;
-      }
-      row[0] = static_cast<double>(sizes_.size());
-      for (const std::size_t n : sizes_) row[1] += static_cast<double>(n);
-      row[2] = static_cast<double>(hash >> 12);  // 52 bits: exact in a double
-      gathered_.assign(widest_16, 0.0f);
-      build(whole, hyper, std::move(options), backend);
-    });
+    const std::vector<double> rows =
+        gather_rows(comm_, 3, "ShardedOptimizer: construction failed", [&](std::span<double> row) {
+          if (mode_ == Sharding::framework)
+            throw_invalid_argument(
+                "ShardedOptimizer needs Options::sharding zero1 or zero2; with Sharding::framework each "
+                "rank passes its own shard to an InterleavedOptimizer");
+          if (whole.params.empty()) throw_invalid_argument("the parameter list is empty");
+          // FNV-1a over the mode, the sizes and the dtypes.
+          std::uint64_t hash = (14695981039346656037ull ^ static_cast<std::uint64_t>(mode_)) * 1099511628211ull;
+          std::size_t widest_16 = 0;
+          for (std::size_t t = 0; t < whole.params.size(); ++t) {
+            const TensorView v = whole.value(t);
+            if (v.device != Device::host)
+              throw_invalid_argument("parameter {}: ShardedOptimizer gathers host values, this one is on a device", t);
+            if (!dtype_valid(v.dtype) || (v.data == nullptr && v.numel > 0))
+              throw_invalid_argument("parameter {}: the value has an invalid dtype ({}) or no data", t,
+                                     static_cast<int>(v.dtype));
+            sizes_.push_back(v.numel);
+            dtypes_.push_back(v.dtype);
+            if (v.dtype != DType::f32) widest_16 = std::max(widest_16, v.numel);
+            hash = (hash ^ v.numel) * 1099511628211ull;
+            hash = (hash ^ static_cast<std::uint64_t>(v.dtype)) * 1099511628211ull;
+          }
+          row[0] = static_cast<double>(sizes_.size());
+          for (const std::size_t n : sizes_) row[1] += static_cast<double>(n);
+          row[2] = static_cast<double>(hash >> 12);  // 52 bits: exact in a double
+          gathered_.assign(widest_16, 0.0f);
+          build(whole, hyper, std::move(options), backend);
+        });
     check_same_shapes(rows);
   }
 
@@ -110,6 +114,9 @@ class ShardedOptimizer {
   /// @throws std::invalid_argument on every rank, with nothing changed anywhere, when a
   ///         rank's tensors no longer match what it was built with (or, ZeRO-2, a
   ///         gradient is absent or not float32 on the host), or its local step refuses.
+  /// @return the local optimizer's report: the norm, the loss scale, whether the step was
+  ///         applied or overflowed are global (the same on every rank); `elements` and
+  ///         `first_nonfinite_param` speak of this rank's pieces.
   StepReport step() {
     gather_rows(comm_, 0, "step() changed nothing", [&](std::span<double>) { check_views(); });
     if (mode_ == Sharding::zero2) reduce_gradients();
@@ -157,7 +164,8 @@ class ShardedOptimizer {
     for (const ZeroShare::Piece& p : share_.pieces()) {
       at_[p.tensor] = p.at;
       widest = std::max(widest, p.numel);
-      slices.push_back({&whole.params[p.tensor], p.offset, p.numel, mode_ == Sharding::zero2 ? grads_.data() + p.at : nullptr});
+      slices.push_back(
+          {&whole.params[p.tensor], p.offset, p.numel, mode_ == Sharding::zero2 ? grads_.data() + p.at : nullptr});
     }
     if (slices.empty()) slices.emplace_back();  // no element here: the local optimizer still takes part in every step
     scratch_.assign(widest, 0.0f);
@@ -170,17 +178,21 @@ class ShardedOptimizer {
     std::string differ;
     for (std::size_t r = 1; r < rows.size() / 3; ++r)
       if (!std::equal(rows.begin() + 3 * r, rows.begin() + 3 * r + 3, rows.begin()))
-        differ += fmt::format("{}rank {} ({} tensors, {} elements)", differ.empty() ? "" : ", ", r, rows[3 * r], rows[3 * r + 1]);
+        differ += fmt::format("{}rank {} ({} tensors, {} elements)", differ.empty() ? "" : ", ", r, rows[3 * r],
+                              rows[3 * r + 1]);
     if (!differ.empty())
-      throw_invalid_argument("ShardedOptimizer: every rank must pass the same tensors (sizes, dtypes) in the same order, with "
-                             "the same Options::sharding; rank 0 has {} tensors of "
-                             "{} elements, and these differ: {}", rows[0], rows[1], differ);
+      throw_invalid_argument(
+          "ShardedOptimizer: every rank must pass the same tensors (sizes, dtypes) in the same order, with "
+          "the same Options::sharding; rank 0 has {} tensors of "
+          "{} elements, and these differ: {}",
+          rows[0], rows[1], differ);
   }
 
   void check_views() const {
     for (std::size_t t = 0; t < sizes_.size(); ++t) {
       const TensorView v = whole_->value(t);
-      if (v.dtype != dtypes_[t] || v.device != Device::host || v.numel != sizes_[t] || (v.data == nullptr && v.numel > 0))
+      if (v.dtype != dtypes_[t] || v.device != Device::host || v.numel != sizes_[t] ||
+          (v.data == nullptr && v.numel > 0))
         throw_invalid_argument("parameter {}: the value is now {} elements of {} (built with {} of {} on the host)", t,
                                v.numel, dtype_name(v.dtype), sizes_[t], dtype_name(dtypes_[t]));
       const ConstTensorView g = whole_->grad(t);
@@ -189,7 +201,8 @@ class ShardedOptimizer {
       if (g.numel != sizes_[t] || (g.data == nullptr && g.numel > 0))
         throw_invalid_argument("parameter {}: the gradient has {} elements, the value {}", t, g.numel, sizes_[t]);
       if (mode_ == Sharding::zero2 && (g.dtype != DType::f32 || g.device != Device::host))
-        throw_invalid_argument("parameter {}: ZeRO-2 reduces float32 host gradients, this one is {}", t, dtype_name(g.dtype));
+        throw_invalid_argument("parameter {}: ZeRO-2 reduces float32 host gradients, this one is {}", t,
+                               dtype_name(g.dtype));
     }
   }
 
@@ -222,10 +235,12 @@ class ShardedOptimizer {
         using T = typename decltype(type)::type;
         T* const data = static_cast<T*>(v.data);
         std::transform(data + offset, data + offset + n, scratch_.begin(), [](T x) { return static_cast<float>(x); });
-        const std::span<float> all = std::is_same_v<T, float> ? std::span<float>(reinterpret_cast<float*>(data), v.numel)
-                                                              : std::span<float>(gathered_).first(v.numel);
+        const std::span<float> all = std::is_same_v<T, float>
+                                         ? std::span<float>(reinterpret_cast<float*>(data), v.numel)
+                                         : std::span<float>(gathered_).first(v.numel);
         comm_.all_gather(std::span<const float>(scratch_).first(n), all, counts);
-        if constexpr (!std::is_same_v<T, float>) std::transform(all.begin(), all.end(), data, [](float x) { return T(x); });
+        if constexpr (!std::is_same_v<T, float>)
+          std::transform(all.begin(), all.end(), data, [](float x) { return T(x); });
       });
     }
   }
@@ -235,10 +250,10 @@ class ShardedOptimizer {
   std::vector<std::size_t> sizes_;  // per tensor, as built
   std::vector<DType> dtypes_;       // per tensor: its value's
   ZeroShare share_{std::span<const std::size_t>{}, 0, 1};
-  std::vector<std::size_t> at_;     // per tensor: where this rank's piece starts in its share
-  std::vector<float> grads_;        // ZeRO-2: the mean gradients of this rank's share
-  std::vector<float> scratch_;      // this rank's widest piece, for the all-gather
-  std::vector<float> gathered_;     // the widest 16-bit tensor, gathered as floats
+  std::vector<std::size_t> at_;  // per tensor: where this rank's piece starts in its share
+  std::vector<float> grads_;     // ZeRO-2: the mean gradients of this rank's share
+  std::vector<float> scratch_;   // this rank's widest piece, for the all-gather
+  std::vector<float> gathered_;  // the widest 16-bit tensor, gathered as floats
   std::unique_ptr<Tensors> whole_;
   std::optional<Local> local_;
 };

@@ -31,7 +31,10 @@ class ZeroShare {
   /// @brief The share of rank @p rank among @p size ranks of tensors of @p sizes elements.
   /// @throws std::invalid_argument for a rank outside [0, size) or size < 1.
   ZeroShare(std::span<const std::size_t> sizes, int rank, int size)
-      : rank_(rank), size_(size), tensors_(sizes.size()), counts_(sizes.size() * static_cast<std::size_t>(std::max(size, 0))) {
+      : rank_(rank),
+        size_(size),
+        tensors_(sizes.size()),
+        counts_(sizes.size() * static_cast<std::size_t>(std::max(size, 0))) {
     if (size < 1 || rank < 0 || rank >= size) throw_invalid_argument("ZeroShare: rank {} of {} ranks", rank, size);
     std::size_t total = 0;
     for (const std::size_t n : sizes) total += n;
@@ -42,7 +45,8 @@ class ZeroShare {
     std::size_t start = 0;  // the tensor's first flat element
     for (std::size_t t = 0; t < sizes.size(); ++t) {
       const std::size_t stop = start + sizes[t];
-      for (int r = 0; r < size; ++r) counts_[t * ranks + static_cast<std::size_t>(r)] = overlap(start, stop, first(r), first(r + 1));
+      for (int r = 0; r < size; ++r)
+        counts_[t * ranks + static_cast<std::size_t>(r)] = overlap(start, stop, first(r), first(r + 1));
       const std::size_t mine = overlap(start, stop, begin_, end_);
       if (mine > 0) {
         const std::size_t from = std::max(start, begin_);

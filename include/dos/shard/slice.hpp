@@ -17,7 +17,7 @@ namespace dos {
 /// @brief Elements [offset, offset + numel) of @p whole.
 template <Tensor P>
 struct SliceParam {
-  const P* whole = nullptr;     ///< null: the empty stand-in (no elements)
+  const P* whole = nullptr;  ///< null: the empty stand-in (no elements)
   std::size_t offset = 0;
   std::size_t numel = 0;
   const float* grad = nullptr;  ///< when set, the float32 gradient of the slice (host)

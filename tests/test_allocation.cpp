@@ -39,6 +39,18 @@ TEST_CASE("step allocates nothing, from the first step on, with any policy") {
   }
 }
 
+TEST_CASE("a ZeRO-1 or ZeRO-2 step on one rank allocates nothing of its own from the first step on") {
+  for (const auto mode : {dos::Sharding::zero1, dos::Sharding::zero2}) {
+    std::vector<float> a(100'000, 0.5f), ga(100'000, 0.1f), c(5'000, 0.5f), gc(5'000, 0.1f);
+    std::vector<dos::HostParam<float>> params{{a, ga}, {c, gc}};
+    dos::Options o{.subgroup_elements = 20'000, .threads = 2, .max_grad_norm = 1.0, .sharding = mode};
+    dos::ShardedOptimizer<> opt(params, dos::AdamW{}, o);
+    const long before = allocations.load();
+    for (int t = 0; t < 3; ++t) CHECK(opt.step().applied);
+    CHECK(allocations.load() == before);
+  }
+}
+
 TEST_CASE("an interleaved step allocates nothing from the first step on: every policy, validation and the training loop") {
   using dos::AnyPolicy;
   for (const AnyPolicy& policy : {AnyPolicy(dos::AutomaticStride{}), AnyPolicy(dos::Balanced{}), AnyPolicy(dos::FixedStride{3}),

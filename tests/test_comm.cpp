@@ -1,11 +1,13 @@
 // The Communicator concept: SingleProcess (the default), a communicator whose ranks are
 // threads (tests/support/thread_communicator.hpp) plugged into the optimizer in place of
 // MPI, the agreement of a step across ranks, and the sharded mode's properties
-// (tests/support/sharded.hpp) with 1 to 4 ranks on the CPU and the emulated device.
+// (tests/support/sharded.hpp) with 1 to 4 ranks on the CPU and the emulated device;
+// ZeroShare, and ZeRO-1 and ZeRO-2 (tests/support/zero.hpp) likewise.
 
 #include "support/collectives.hpp"
 #include "support/sharded.hpp"
 #include "support/thread_communicator.hpp"
+#include "support/zero.hpp"
 
 #include <doctest/doctest.h>
 #include <dos/comm/any_communicator.hpp>
@@ -92,6 +94,40 @@ TEST_CASE_TEMPLATE("sharded mode on thread ranks agrees with one process steppin
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);
     const auto failures = on_ranks<std::vector<std::string>>(n, [](AnyCommunicator c) { return test::check_sharded<Backend>(c); });
+    for (const auto& rank : failures)
+      for (const auto& f : rank) FAIL_CHECK(f);
+  }
+}
+
+TEST_CASE("ZeroShare: balanced contiguous shares of the concatenation, cut into pieces, counts per tensor") {
+  const std::size_t sizes[] = {5, 0, 3};  // 8 elements over 3 ranks: 3, 3, 2
+  const ZeroShare r0(sizes, 0, 3), r1(sizes, 1, 3), r2(sizes, 2, 3);
+  CHECK(r0.begin() == 0);
+  CHECK(r0.end() == 3);
+  CHECK(r1.begin() == 3);
+  CHECK(r1.end() == 6);
+  CHECK(r2.begin() == 6);
+  CHECK(r2.end() == 8);
+  REQUIRE(r1.pieces().size() == 2);  // the end of tensor 0, the start of tensor 2; tensor 1 has nothing
+  CHECK((r1.pieces()[0].tensor == 0 && r1.pieces()[0].offset == 3 && r1.pieces()[0].numel == 2 && r1.pieces()[0].at == 0));
+  CHECK((r1.pieces()[1].tensor == 2 && r1.pieces()[1].offset == 0 && r1.pieces()[1].numel == 1 && r1.pieces()[1].at == 2));
+  CHECK(std::vector<std::size_t>(r1.counts(0).begin(), r1.counts(0).end()) == std::vector<std::size_t>{3, 2, 0});
+  CHECK(std::vector<std::size_t>(r1.counts(1).begin(), r1.counts(1).end()) == std::vector<std::size_t>{0, 0, 0});
+  CHECK(std::vector<std::size_t>(r1.counts(2).begin(), r1.counts(2).end()) == std::vector<std::size_t>{0, 1, 2});
+  const std::size_t two[] = {2};  // more ranks than elements: the last ones own nothing
+  const ZeroShare last(two, 3, 4), first(two, 0, 4);
+  CHECK(last.empty());
+  CHECK(last.pieces().empty());
+  CHECK(first.numel() == 1);
+  CHECK(std::vector<std::size_t>(last.counts(0).begin(), last.counts(0).end()) == std::vector<std::size_t>{1, 1, 0, 0});
+  CHECK_THROWS_AS(ZeroShare(two, 4, 4), std::invalid_argument);
+}
+
+TEST_CASE_TEMPLATE("ZeRO-1 and ZeRO-2 on thread ranks: exact or close to one process, identical across ranks", Backend,
+                   CpuBackend, EmulatedDeviceBackend) {
+  for (int n = 1; n <= 4; ++n) {
+    CAPTURE(n);
+    const auto failures = on_ranks<std::vector<std::string>>(n, [](AnyCommunicator c) { return test::check_zero<Backend>(c); });
     for (const auto& rank : failures)
       for (const auto& f : rank) FAIL_CHECK(f);
   }

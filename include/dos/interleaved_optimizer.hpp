@@ -80,7 +80,7 @@ class InterleavedOptimizer {
   /// @throws std::invalid_argument as above.
   template <Tensor P>
   explicit InterleavedOptimizer(std::vector<ParamGroup<P>> groups, Options options = {}, BackendConfig backend = {})
-      : options_(validated(std::move(options))), groups_(hyperparameters_of(groups)), cpu_(options_.cpu()),
+      : options_(framework_sharded(validated(std::move(options)))), groups_(hyperparameters_of(groups)), cpu_(options_.cpu()),
         backend_(options_.cpu(), backend), values_(backend_, [this](std::size_t n, FunctionRef<void(std::size_t)> f) { cpu_.parallel_for(n, f); }),
         params_(flatten(groups), group_of_each(groups), engine::device_usable(backend_), interleaved, options_.caller_huge_pages),
         store_([&](std::span<const std::size_t> sizes) { return partitioner_.partition(sizes); }, params_, amsgrad_of(groups_),
@@ -323,6 +323,14 @@ class InterleavedOptimizer {
     return report;
   }
 
+  // ZeRO-1/2 need every rank's every parameter and a gather after the step: the wrapper's work.
+  static Options framework_sharded(Options o) {
+    if (o.sharding != Sharding::framework)
+      throw_invalid_argument("Options::sharding is {}: InterleavedOptimizer takes only Sharding::framework (each rank passes "
+                             "its own shard); use dos::ShardedOptimizer (dos/shard/sharded_optimizer.hpp) for ZeRO-1 and ZeRO-2",
+                             sharding_name(o.sharding));
+    return o;
+  }
   // After a step, applied or skipped: the backward phase and the accumulation are over.
   // The guard of a call that changes the state: a checkpoint's copy holding it goes first.
   CallGuard::Exclusive changing_state(const char* call) {

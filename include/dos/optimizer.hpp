@@ -37,4 +37,7 @@
 #include "dos/schedule/policy.hpp"
 #include "dos/schedule/timeline.hpp"
 #include "dos/schedule/validator.hpp"
+#include "dos/shard/share.hpp"
+#include "dos/shard/sharded_optimizer.hpp"
+#include "dos/shard/slice.hpp"
 #include "dos/version.hpp"

@@ -27,6 +27,25 @@ enum class NonFinitePolicy : std::uint8_t {
   skip_step,
 };
 
+/// @brief Who shards the optimizer over the ranks of `Options::communicator`.
+enum class Sharding : std::uint8_t {
+  /// The framework does (FSDP, ZeRO-3): each rank passes only its own parameters to an
+  /// `InterleavedOptimizer`.
+  framework,
+  /// dos does (`ShardedOptimizer`): every rank passes every parameter, with gradients
+  /// the framework already averaged; each rank updates a balanced share, then all ranks
+  /// all-gather the values.
+  zero1,
+  /// As `zero1`, but the gradients are each rank's own: dos averages them with a
+  /// reduce-scatter, so each rank receives only its share's.
+  zero2,
+};
+
+/// @brief The name of @p s, for messages.
+constexpr const char* sharding_name(Sharding s) noexcept {
+  return s == Sharding::zero1 ? "zero1" : s == Sharding::zero2 ? "zero2" : "framework";
+}
+
 /// @brief Construction options shared by every backend.
 struct Options {
   /// Target elements per subgroup (the unit of scheduling). The paper used 100M.
@@ -58,6 +77,9 @@ struct Options {
   /// global norm, all ranks skip the same steps, bad input on one fails all. Default:
   /// `SingleProcess`, which changes nothing.
   AnyCommunicator communicator{};
+  /// Who shards: `framework` for `InterleavedOptimizer`; `zero1` or `zero2` for
+  /// `ShardedOptimizer` (`dos/shard/sharded_optimizer.hpp`), which refuses `framework`.
+  Sharding sharding = Sharding::framework;
 
   /// @brief The part of these options the host side (executor, backend) is built from.
   cpu::CpuConfig cpu() const {

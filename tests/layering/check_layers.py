@@ -18,7 +18,7 @@ LAYERS = [
     ("schedule", ["schedule/"]),
     ("backend", ["backend/", "cuda/"]),
     ("engine", ["engine/"]),
-    ("optimizer", ["train/", "options.hpp", "components.hpp", "interleaved_optimizer.hpp", "optimizer.hpp"]),
+    ("optimizer", ["train/", "options.hpp", "components.hpp", "interleaved_optimizer.hpp", "shard/", "optimizer.hpp"]),
     ("adapters", ["adapters/", "checkpoint/", "checkpoint.hpp", "python/"]),
 ]
 

@@ -55,6 +55,7 @@ class MpiCommunicator {
   ///        torch.distributed's default for its CPU process groups.
   static constexpr std::chrono::milliseconds default_timeout = std::chrono::minutes(30);
 
+  /// @param comm the ranks (duplicated: dos's collectives never match the caller's).
   /// @param timeout how long one collective may wait for every rank; zero waits forever.
   /// @throws std::invalid_argument when MPI is not initialised or @p timeout is negative;
   ///         std::runtime_error when an MPI call fails.

@@ -57,7 +57,12 @@ class NcclCommunicator {
 
   /// @brief Joins the NCCL communicator of @p size ranks named by @p id, as @p rank, on
   ///        the current CUDA device (`ncclCommInitRank`). Collective: every rank calls it.
-  /// @param local_rank, local_size this rank among those sharing its host.
+  /// @param id the communicator's id, made by one rank (`ncclGetUniqueId`) and given to all.
+  /// @param rank this rank, in [0, @p size).
+  /// @param size the number of ranks.
+  /// @param local_rank this rank among those sharing its host.
+  /// @param local_size the number of ranks sharing its host.
+  /// @param timeout how long one collective may wait for every rank; zero waits forever.
   /// @throws std::invalid_argument for ranks out of range or a negative timeout;
   ///         `cuda_error` when CUDA or NCCL fails.
   NcclCommunicator(const ncclUniqueId& id, int rank, int size, int local_rank, int local_size,

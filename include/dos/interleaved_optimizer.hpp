@@ -323,20 +323,12 @@ class InterleavedOptimizer {
     return report;
   }
 
-  // ZeRO-1/2 need every rank's every parameter and a gather after the step: the wrapper's work.
-  static Options framework_sharded(Options o) {
-    if (o.sharding != Sharding::framework)
-      throw_invalid_argument("Options::sharding is {}: InterleavedOptimizer takes only Sharding::framework (each rank passes "
-                             "its own shard); use dos::ShardedOptimizer (dos/shard/sharded_optimizer.hpp) for ZeRO-1 and ZeRO-2",
-                             sharding_name(o.sharding));
-    return o;
-  }
-  // After a step, applied or skipped: the backward phase and the accumulation are over.
   // The guard of a call that changes the state: a checkpoint's copy holding it goes first.
   CallGuard::Exclusive changing_state(const char* call) {
     holds_.wait_released();
     return CallGuard::Exclusive(guard_, call);
   }
+  // After a step, applied or skipped: the backward phase and the accumulation are over.
   void end_phase() {
     end_backward();
     accumulator_.clear();

@@ -87,6 +87,17 @@ struct Options {
   }
 };
 
+/// @brief @p o, for an `InterleavedOptimizer`: ZeRO-1/2 need every rank's every parameter
+///        and a gather after the step, which is `ShardedOptimizer`'s work.
+/// @throws std::invalid_argument when `o.sharding` is not `Sharding::framework`.
+inline Options framework_sharded(Options o) {
+  if (o.sharding != Sharding::framework)
+    throw_invalid_argument("Options::sharding is {}: InterleavedOptimizer takes only Sharding::framework (each rank passes "
+                           "its own shard); use dos::ShardedOptimizer (dos/shard/sharded_optimizer.hpp) for ZeRO-1 and ZeRO-2",
+                           sharding_name(o.sharding));
+  return o;
+}
+
 /// @brief Checks the options that do not depend on the parameters.
 /// @throws std::invalid_argument naming the field and its value.
 inline Options validated(Options o) {

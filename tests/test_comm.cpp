@@ -132,3 +132,30 @@ TEST_CASE_TEMPLATE("ZeRO-1 and ZeRO-2 on thread ranks: exact or close to one pro
       for (const auto& f : rank) FAIL_CHECK(f);
   }
 }
+
+TEST_CASE("a device optimizer's ranks calibrate together and plan with the same profile") {
+  // Rank 1 is given a profile and keeps it; the others measure at once and all plan with
+  // the lowest of each rate they found (engine/calibrate.hpp: calibrate_together).
+  const HardwareProfile given{.cpu_rate = 1e9, .device_rate = 2e9, .h2d_bandwidth = 3e9, .d2h_bandwidth = 4e9,
+                              .duplex = false, .host_bandwidth = 5e9};
+  const auto fields = [](const HardwareProfile& p) {
+    return std::vector<double>{p.cpu_rate, p.device_rate, p.h2d_bandwidth, p.d2h_bandwidth, p.duplex ? 1.0 : 0.0,
+                               p.host_bandwidth};
+  };
+  for (int n = 2; n <= 3; ++n) {
+    CAPTURE(n);
+    const auto profiles = on_ranks<std::vector<double>>(n, [&](AnyCommunicator c) {
+      std::vector<float> values(4096, 0.5f), grads(4096, 0.01f);
+      const std::vector<HostParam<float>> params{{values, grads}};
+      Options o;
+      o.threads = 1;
+      o.communicator = c;
+      if (c.rank() == 1) o.interleave.profile = given;
+      InterleavedOptimizer<EmulatedDeviceBackend> opt(params, AdamW{}, o);
+      return fields(opt.cost_model().profile());
+    });
+    CHECK(profiles[1] == fields(given));
+    for (int r = 2; r < n; ++r) CHECK(profiles[static_cast<std::size_t>(r)] == profiles[0]);
+    for (const double x : {profiles[0][0], profiles[0][1], profiles[0][2], profiles[0][3], profiles[0][5]}) CHECK(x > 0);
+  }
+}

@@ -14,8 +14,10 @@
 #include "dos/backend/device_backend.hpp"
 #include "dos/components.hpp"
 #include "dos/core/call_guard.hpp"
+#include "dos/core/function_ref.hpp"
 #include "dos/core/state_hold.hpp"
 #include "dos/core/tensor.hpp"
+#include "dos/engine/calibrate.hpp"
 #include "dos/engine/state_access.hpp"
 #include "dos/engine/update_engine.hpp"
 #include "dos/engine/value_io.hpp"
@@ -85,7 +87,7 @@ class InterleavedOptimizer {
         params_(flatten(groups), group_of_each(groups), engine::device_usable(backend_), interleaved, options_.caller_huge_pages),
         store_([&](std::span<const std::size_t> sizes) { return partitioner_.partition(sizes); }, params_, amsgrad_of(groups_),
                engine::pinned_resource(backend_, options_.huge_pages), [&](const TensorView& v, std::size_t off, std::span<float> out) { values_.read(v, off, out); }, cpu_),
-        engine_(engine::make_engine<Engine>(backend_, cpu_, store_, params_, values_, options_.interleave)), norm_(params_.size(), store_.chunks().size()), scaler_(options_.loss_scaling),
+        engine_(engine::make_engine<Engine>(backend_, cpu_, store_, params_, values_, planned_with())), norm_(params_.size(), store_.chunks().size()), scaler_(options_.loss_scaling),
         schedules_(groups_.size()), steps_(params_.size(), groups_.size()) {}
 
   InterleavedOptimizer(const InterleavedOptimizer&) = delete;
@@ -96,15 +98,7 @@ class InterleavedOptimizer {
   /// @throws std::invalid_argument when a parameter's views no longer match what the
   ///         optimizer was built with; nothing has changed then.
   /// @throws std::logic_error when another call is running on this optimizer.
-  StepReport step() {
-    const CallGuard::Exclusive busy = changing_state("step()");
-    try {
-      return step_impl();
-    } catch (...) {
-      end_backward();  // what backward gathered may not describe a retried step's gradients
-      throw;
-    }
-  }
+  StepReport step() { return guarded_step(std::nullopt); }
 
   // ---- The training loop around step() ------------------------------------------
 
@@ -278,8 +272,21 @@ class InterleavedOptimizer {
   Executor& cpu_executor() noexcept { return cpu_; }
 
  private:
+  template <class, Components>
+  friend class ShardedOptimizer;
+  // ZeRO-1 (`ShardedOptimizer`): @p whole gives the whole model's summary, computed the
+  // same on every rank as one process would, instead of this shard's.
+  StepReport guarded_step(std::optional<FunctionRef<GradSummary()>> whole) {
+    const CallGuard::Exclusive busy = changing_state("step()");
+    try {
+      return step_impl(whole);
+    } catch (...) {
+      end_backward();  // what backward gathered may not describe a retried step's gradients
+      throw;
+    }
+  }
   // One step, in order: validate everything, compute the factors, update, advance.
-  StepReport step_impl() {
+  StepReport step_impl(std::optional<FunctionRef<GradSummary()>> whole) {
     engine_.wait_for_framework();
     const auto start = std::chrono::steady_clock::now();
     const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
@@ -294,6 +301,11 @@ class InterleavedOptimizer {
       store_.bind(cpu_);  // the segment table now points at this step's views
       schedules_.prepare(groups_);
       if (!need_norm) return GradSummary{};
+      if (whole) {  // the same on every rank: counted once, by rank 0
+        GradSummary w = (*whole)();
+        if (options_.communicator.rank() != 0) w.sum_squares = 0, w.nonfinite_params = 0;
+        return w;
+      }
       return norm_.gather(!accumulator_.active(), cpu_, store_, params_, [&](std::size_t p) { return engine_.device_grad_stats(params_.grad(p)); });
     });
     schedules_.apply(groups_);
@@ -323,6 +335,14 @@ class InterleavedOptimizer {
     return report;
   }
 
+  // The engine's options; with a device and several ranks, the ranks calibrate together
+  // (`calibrate_together`: what each gets while all run, the slowest's rates for all).
+  InterleaveOptions planned_with() {
+    InterleaveOptions o = options_.interleave;
+    if constexpr (interleaved)
+      if (options_.communicator.size() > 1) o.profile = calibrate_together(options_.communicator, o.profile, backend_, cpu_);
+    return o;
+  }
   // The guard of a call that changes the state: a checkpoint's copy holding it goes first.
   CallGuard::Exclusive changing_state(const char* call) {
     holds_.wait_released();

@@ -8,15 +8,18 @@
 //    master, m and v are bit-identical to that process's for its share; also on a model
 //    of 3 elements, where a 4th rank owns nothing, and with bf16 values (gathered as
 //    floats, rounded back);
-//  - ZeRO-1 with clipping and loss scaling: values within 1e-6 (relative to
-//    max(1, |value|)) of one process and bit-identical across ranks, the same grad norm
-//    bits everywhere; an inf in the (averaged, so every rank's) gradient skips the step
+//  - ZeRO-1 with clipping and loss scaling: the grad norm, the values and the share's
+//    state bit-identical to one process (the norm taken from the whole model as one
+//    process takes it), also with segments of several chunks; an inf in the (averaged, so every rank's) gradient skips the step
 //    on every rank; bad input on the last rank (a gradient of the wrong size, a bad
 //    scheduled lr) fails every rank naming it, with nothing changed, and the steps go on;
 //  - ZeRO-2: each rank's own gradients; values within 1e-6 of one process stepping their
 //    mean and bit-identical across ranks; an inf in the last rank's gradient alone makes
 //    every rank skip; bad input fails every rank as above; without clipping, on the
 //    3-element model too, and bit-exact with bf16 values on inputs whose sums are exact;
+//  - grad_ready during backward, clipped: the same bits as without it (ZeRO-1: one
+//    process; ZeRO-2: the step reducing every gradient); ZeRO-2 ranks reporting other
+//    tensors, or stepping while one reports, or a bad index, fail every rank, named;
 //  - construction: the last rank passing one tensor fewer, or asking for ZeRO-2 where
 //    the others ask for ZeRO-1, fails every rank, naming it;
 //    InterleavedOptimizer refuses zero1 and zero2, naming ShardedOptimizer.
@@ -90,6 +93,8 @@ bool same_bits(std::span<const V> a, std::span<const V> b) {
 }
 
 inline constexpr std::size_t tiny_sizes[] = {2, 1};  // 3 elements: with 4 ranks, rank 3 owns none
+// With 50000-element subgroups: segments of several 32K-element chunks, and a tensor cut in two.
+inline constexpr std::size_t chunked_sizes[] = {70001, 3, 40000, 5};
 
 template <class Backend>
 class ZeroCheck {
@@ -112,7 +117,10 @@ class ZeroCheck {
     // mean is one process's to the bit, and so are bf16 values rounded from it.
     exact<bf16>(sharded_sizes, Sharding::zero2, true);
     clipped(Sharding::zero1);
+    clipped(Sharding::zero1, chunked_sizes, 50000);
     clipped(Sharding::zero2);
+    reported(Sharding::zero1);
+    reported(Sharding::zero2);
     construction();
     return fail_;
   }
@@ -172,8 +180,14 @@ class ZeroCheck {
         }
       expect(same_on_every_rank(comm_, mine.digest()), fmt::format("{}: step {}: values differ across ranks", what, s));
     }
+    if (bitwise) same_state(opt, one, sizes, what);
+  }
+
+  // Each piece's master, m and v against one process's, bit for bit.
+  void same_state(ShardedOptimizer<Backend>& opt, InterleavedOptimizer<Backend>& one,
+                  std::span<const std::size_t> sizes, const std::string& what) {
     const auto& pieces = opt.share().pieces();
-    for (std::size_t k = 0; k < pieces.size() && bitwise; ++k)
+    for (std::size_t k = 0; k < pieces.size(); ++k)
       for (const StateKind kind : {StateKind::master, StateKind::exp_avg, StateKind::exp_avg_sq}) {
         std::vector<float> part(pieces[k].numel), whole(sizes[pieces[k].tensor]);
         opt.local().read_state(k, kind, part);
@@ -184,13 +198,17 @@ class ZeroCheck {
       }
   }
 
-  // Clipping by the global norm and loss scaling, an overflow, and bad input on the last rank.
-  void clipped(Sharding mode) {
-    const std::string what = fmt::format("{} clipped", sharding_name(mode));
+  // Clipping by the global norm and loss scaling, an overflow, and bad input on the last
+  // rank. ZeRO-1 takes the norm as one process does: bit-identical to it, also on tensors
+  // whose segments hold several 32K-element chunks (@p sizes, @p subgroup_elements).
+  void clipped(Sharding mode, std::span<const std::size_t> sizes = sharded_sizes, std::size_t subgroup_elements = 1500) {
+    const std::string what = fmt::format("{} clipped, {} elements per subgroup", sharding_name(mode), subgroup_elements);
+    const bool bitwise = mode == Sharding::zero1;
     Options o = options(mode);
+    o.subgroup_elements = subgroup_elements;
     o.max_grad_norm = 0.05;  // small enough that every applied step clips
     o.loss_scaling = LossScaling{.init_scale = 1024, .growth_interval = 2};
-    FullModel<> mine(sharded_sizes), ref(sharded_sizes);
+    FullModel<> mine(sizes), ref(sizes);
     ShardedOptimizer<Backend> opt(mine.params, AdamW{.lr = 1e-2}, o);
     InterleavedOptimizer<Backend> one(ref.params, AdamW{.lr = 1e-2}, single(o));
     constexpr std::int64_t inf_step = 2, bad_step = 4, steps = 6;
@@ -216,6 +234,13 @@ class ZeroCheck {
       expect(same_on_every_rank(comm_, mine.digest()), fmt::format("{}: step {}: values differ across ranks", what, s));
       expect(r.loss_scale == rr.loss_scale,
              fmt::format("{}: step {}: loss scale {} (one process: {})", what, s, r.loss_scale, rr.loss_scale));
+      if (r.applied && bitwise) {
+        expect(std::bit_cast<std::uint64_t>(r.grad_norm) == std::bit_cast<std::uint64_t>(rr.grad_norm),
+               fmt::format("{}: step {}: grad norm {:.17g} (one process: {:.17g})", what, s, r.grad_norm, rr.grad_norm));
+        for (std::size_t t = 0; t < mine.values.size(); ++t)
+          expect(same_bits<float>(mine.values[t], ref.values[t]),
+                 fmt::format("{}: step {}: tensor {} is not bit-identical to one process", what, s, t));
+      }
       if (r.applied) {
         expect(std::abs(r.grad_norm - rr.grad_norm) <= 1e-6 * rr.grad_norm,
                fmt::format("{}: step {}: grad norm {} (one process: {})", what, s, r.grad_norm, rr.grad_norm));
@@ -225,6 +250,63 @@ class ZeroCheck {
         expect(worst(mine.values[t], ref.values[t]) <= 1e-6,
                fmt::format("{}: step {}: tensor {} differs from one process by {:g}", what, s, t,
                            worst(mine.values[t], ref.values[t])));
+    }
+    if (bitwise) same_state(opt, one, sizes, what);
+  }
+
+  // Gradients reported during backward (begin_backward, grad_ready from the last tensor
+  // to the first, some of them only in ZeRO-1), clipped and loss-scaled: the same bits
+  // as a step that reads them all (ZeRO-1: one process; ZeRO-2: the same sharded
+  // optimizer without reports). In ZeRO-2 ranks reporting different tensors, or one
+  // reporting while the others step, fail every rank, naming the odd one, changing nothing.
+  void reported(Sharding mode) {
+    const std::string what = fmt::format("{} with grad_ready", sharding_name(mode));
+    Options o = options(mode);
+    o.max_grad_norm = 0.05;
+    o.loss_scaling = LossScaling{.init_scale = 1024, .growth_interval = 2};
+    FullModel<> mine(sharded_sizes), ref(sharded_sizes);
+    ShardedOptimizer<Backend> opt(mine.params, AdamW{.lr = 1e-2}, o);
+    std::optional<InterleavedOptimizer<Backend>> one;
+    std::optional<ShardedOptimizer<Backend>> plain;
+    if (mode == Sharding::zero1) one.emplace(ref.params, AdamW{.lr = 1e-2}, single(o));
+    else plain.emplace(ref.params, AdamW{.lr = 1e-2}, o);
+    const int grad_rank = mode == Sharding::zero1 ? 0 : rank_;
+    const int last = size_ - 1;
+    for (std::int64_t s = 0; s < 4; ++s) {
+      const double scale = opt.loss_scale();
+      mine.set_gradients(s, scale, grad_rank, -1);
+      ref.set_gradients(s, scale, grad_rank, -1);
+      if (s == 1 && mode == Sharding::zero2 && size_ > 1) {
+        const double before = mine.digest();
+        const auto odd = [&](std::function<void()> mine_call, std::function<void()> last_call, const std::string& named) {
+          std::string error;
+          try {
+            if (rank_ == last) last_call();
+            else mine_call();
+          } catch (const std::invalid_argument& e) {
+            error = e.what();
+          }
+          expect(error.find(named) != std::string::npos,
+                 fmt::format("{}: rank {} elsewhere: the error does not say '{}': '{}'", what, last, named, error));
+        };
+        opt.begin_backward();
+        odd([&] { opt.grad_ready(0); }, [&] { opt.grad_ready(1); }, fmt::format("rank {} in grad_ready(1)", last));
+        odd([&] { opt.step(); }, [&] { opt.grad_ready(2); }, "grad_ready(2)");
+        odd([&] { opt.grad_ready(0); }, [&] { opt.grad_ready(sharded_count); },
+            fmt::format("{} failed", last));
+        expect(mine.digest() == before && opt.step_count() == s, what + ": a refused report changed something");
+      }
+      opt.begin_backward();
+      for (std::size_t t = sharded_count; t-- > 0;)
+        if (mode == Sharding::zero2 || t % 2 == 0) opt.grad_ready(t);
+      const StepReport r = opt.step();
+      const StepReport rr = one ? one->step() : plain->step();
+      expect(r.applied && rr.applied, fmt::format("{}: step {} not applied", what, s));
+      expect(std::bit_cast<std::uint64_t>(r.grad_norm) == std::bit_cast<std::uint64_t>(rr.grad_norm),
+             fmt::format("{}: step {}: grad norm {:.17g}, without reports {:.17g}", what, s, r.grad_norm, rr.grad_norm));
+      for (std::size_t t = 0; t < sharded_count; ++t)
+        expect(same_bits<float>(mine.values[t], ref.values[t]),
+               fmt::format("{}: step {}: tensor {} is not bit-identical to the step without reports", what, s, t));
     }
   }
 

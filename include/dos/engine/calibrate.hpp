@@ -13,6 +13,8 @@
 ///  - device Adam over a device-resident scratch block, timed with device events.
 
 #include "dos/backend/device_backend.hpp"
+#include "dos/comm/any_communicator.hpp"
+#include "dos/comm/gather_rows.hpp"
 #include "dos/cpu/bandwidth_probe.hpp"
 #include "dos/cpu/executor.hpp"
 #include "dos/optim/adam.hpp"
@@ -146,6 +148,54 @@ HardwareProfile calibrate(B& b, E& cpu, const CalibrationSizes& sizes = {}) {
   }
   p.device_rate = static_cast<double>(d) / std::max(t_adam, 1e-9);
   return p;
+}
+
+/// @brief The profile this rank of @p comm plans with. A node's ranks share its cores,
+///        its DRAM and often its PCIe switch, and in data-parallel training their
+///        updates run at the same time. So when there are several ranks, all of them
+///        calibrate at once (after a barrier): each measures the CPU, DRAM and link rates
+///        it gets while the others run too, which is the node's rates divided among its
+///        ranks, contention included, rather than one rank's rates alone. Then every rank
+///        takes the lowest of each rate (duplex only if all found it): the ranks step in
+///        lock-step, so the slowest sets the pace, and all plan alike. A collective at
+///        construction: every rank calls it, also one whose device is unusable (its row
+///        counts for nothing) or that was given a profile (it keeps that one).
+/// @param comm the ranks.
+/// @param given `InterleaveOptions::profile`: this rank measures nothing when set.
+/// @param b this rank's device backend.
+/// @param cpu the executor this rank's optimizer updates with.
+/// @param sizes the calibration runs' sizes.
+/// @return the profile to plan with; nullopt only when this rank's device is unusable.
+/// @throws std::invalid_argument on every rank when calibrating threw on any, naming it.
+template <DeviceBackend B, cpu::CpuExecutor E>
+std::optional<HardwareProfile> calibrate_together(AnyCommunicator& comm, const std::optional<HardwareProfile>& given,
+                                                  B& b, E& cpu, const CalibrationSizes& sizes = {}) {
+  const bool measure = !given && b.available();
+  if (comm.size() == 1) return given ? given : measure ? std::optional(calibrate(b, cpu, sizes)) : std::nullopt;
+  comm.barrier();
+  constexpr std::size_t fields = 7;
+  const std::vector<double> rows =
+      gather_rows(comm, fields, "calibration failed", [&](std::span<double> row) {
+        if (!measure) return;
+        const HardwareProfile p = calibrate(b, cpu, sizes);
+        const double values[fields] = {1,           p.cpu_rate,    p.device_rate,   p.h2d_bandwidth,
+                                       p.d2h_bandwidth, p.duplex ? 1.0 : 0.0, p.host_bandwidth};
+        std::copy(std::begin(values), std::end(values), row.begin());
+      });
+  if (given) return given;
+  if (!b.available()) return std::nullopt;
+  HardwareProfile out;
+  const auto lowest = [](double& into, double x) { into = into == 0 ? x : std::min(into, x); };
+  for (std::size_t r = 0; r < rows.size(); r += fields) {
+    if (rows[r] == 0) continue;  // a rank that measured nothing
+    lowest(out.cpu_rate, rows[r + 1]);
+    lowest(out.device_rate, rows[r + 2]);
+    lowest(out.h2d_bandwidth, rows[r + 3]);
+    lowest(out.d2h_bandwidth, rows[r + 4]);
+    out.duplex = out.duplex && rows[r + 5] != 0;
+    lowest(out.host_bandwidth, rows[r + 6]);
+  }
+  return out;
 }
 
 }  // namespace dos

@@ -8,6 +8,7 @@
 ///        reduce-scatter into a buffer holding only this rank's share.
 
 #include "dos/backend/cpu.hpp"
+#include "dos/comm/gather_rows.hpp"
 #include "dos/components.hpp"
 #include "dos/core/tensor.hpp"
 #include "dos/error.hpp"
@@ -15,7 +16,7 @@
 #include "dos/options.hpp"
 #include "dos/shard/share.hpp"
 #include "dos/shard/slice.hpp"
-#include "dos/train/rank_agreement.hpp"
+#include "dos/shard/whole_norm.hpp"
 
 #include <fmt/format.h>
 
@@ -44,9 +45,11 @@ namespace dos {
 /// change); (2) ZeRO-2 only: per tensor, a reduce-scatter sums the ranks' float32
 /// gradients into this rank's share buffer, which is then divided by the rank count
 /// (the mean, as data parallelism averages); ZeRO-1 reads the caller's gradients,
-/// already averaged, in place; (3) the local optimizer steps its share: clipping by the
-/// global norm and skipping overflowing steps agree across ranks as in the framework
-/// mode; (4) if the step was applied, per tensor, an all-gather gives every rank every
+/// already averaged, in place; (3) the local optimizer steps its share, clipping by the
+/// global norm and skipping overflowing steps on every rank alike. ZeRO-1 takes that
+/// norm on every rank from every (host) gradient, as one process would
+/// (`WholeGradNorm`), so clipped steps stay bit-identical to one process; ZeRO-2 sums
+/// the ranks' shares as the framework mode does; (4) if the step was applied, per tensor, an all-gather gives every rank every
 /// owner's new values, so all ranks end the step with the same parameters.
 /// @code
 /// dos::Options o{.max_grad_norm = 1.0, .sharding = dos::Sharding::zero2};
@@ -115,14 +118,61 @@ class ShardedOptimizer {
   ///         rank's tensors no longer match what it was built with (or, ZeRO-2, a
   ///         gradient is absent or not float32 on the host), or its local step refuses.
   /// @return the local optimizer's report: the norm, the loss scale, whether the step was
-  ///         applied or overflowed are global (the same on every rank); `elements` and
-  ///         `first_nonfinite_param` speak of this rank's pieces.
+  ///         applied or overflowed are global (the same on every rank); `elements`
+  ///         speaks of this rank's pieces, and so does `first_nonfinite_param`, except
+  ///         in ZeRO-1 with host gradients, where it indexes the tensors every rank passed.
   StepReport step() {
-    gather_rows(comm_, 0, "step() changed nothing", [&](std::span<double>) { check_views(); });
-    if (mode_ == Sharding::zero2) reduce_gradients();
-    const StepReport r = local_->step();
-    if (r.applied) gather_values();
-    return r;
+    try {
+      bool host_grads = true;
+      same_call(step_call, "step() changed nothing", [&] { host_grads = check_views(); });
+      if (mode_ == Sharding::zero2) reduce_gradients();
+      const auto whole = [&] { return whole_norm_->gather(local_->cpu_executor(), [&](std::size_t t) { return whole_->grad(t); }); };
+      const StepReport r = whole_norm_ && host_grads ? local_->guarded_step(whole) : local_->step();
+      if (r.applied) gather_values();
+      forget();
+      return r;
+    } catch (...) {
+      forget();  // what backward reported may not describe a retried step's gradients
+      throw;
+    }
+  }
+
+  // ---- During backward (optional) -------------------------------------------------
+
+  /// @brief Backward is about to start: forgets what the last one reported, and lets a
+  ///        device backend choose the coming update's plan (`InterleavedOptimizer::begin_backward`).
+  void begin_backward() {
+    forget();
+    local_->begin_backward();
+  }
+  /// @brief Tensor @p t's gradient is final for this backward pass; it must stay
+  ///        unchanged until `step()` returns. The step then reads less.
+  ///  - ZeRO-1: local to this rank, and distinct tensors may be reported from several
+  ///    threads at once: takes t's part of the norm now (`WholeGradNorm`), and hands this
+  ///    rank's piece of t to the local optimizer (`InterleavedOptimizer::grad_ready`: a
+  ///    device backend starts its copy).
+  ///  - ZeRO-2: a collective, like `step()`: every rank reports the same tensors in the
+  ///    same order, from one thread. The ranks first agree (one small all-reduce), then
+  ///    t's gradients are reduce-scattered and averaged into this rank's share now, not
+  ///    at the step, and its piece goes to the local optimizer as above.
+  /// @throws std::invalid_argument for a bad index or view, with nothing changed; in
+  ///         ZeRO-2 on every rank, naming the failing ranks, also when ranks reported
+  ///         different tensors or one called `step()` meanwhile.
+  void grad_ready(std::size_t t) {
+    const auto check = [&] {
+      if (t >= sizes_.size()) throw_invalid_argument("grad_ready: tensor {} does not exist (there are {})", t, sizes_.size());
+      check_view(t);
+    };
+    if (mode_ == Sharding::zero1) {
+      check();
+      const ConstTensorView g = whole_->grad(t);
+      if (whole_norm_ && (g.is_absent() || g.device == Device::host)) whole_norm_->record(t, g);
+    } else {
+      same_call(static_cast<double>(t), "grad_ready() changed nothing", check);
+      reduce_gradient(t);
+      reduced_[t] = 1;
+    }
+    if (piece_of_[t] != no_piece) local_->grad_ready(piece_of_[t]);
   }
 
   /// @brief This rank's part of the parameters.
@@ -130,8 +180,8 @@ class ShardedOptimizer {
   /// @brief The optimizer of this rank's share: its parameters are `share().pieces()`, in
   ///        order (an empty share: one stand-in of no elements). Read its state, set its
   ///        learning rate or schedule there, the same on every rank. Step only through
-  ///        this class; its `grad_ready` and `accumulate` are not for ZeRO (ZeRO-2's
-  ///        gradients exist only inside `step()`).
+  ///        this class, and report gradients through this class's `grad_ready`; the
+  ///        local `accumulate` is not for ZeRO (ZeRO-2's gradients exist only once reduced).
   Local& local() noexcept { return *local_; }
   const Local& local() const noexcept { return *local_; }
   Sharding sharding() const noexcept { return mode_; }
@@ -158,6 +208,9 @@ class ShardedOptimizer {
   void build(const Whole<P>& whole, const AdamConfig& hyper, Options options, typename Local::BackendConfig backend) {
     share_ = ZeroShare(sizes_, comm_.rank(), comm_.size());
     at_.assign(sizes_.size(), 0);
+    piece_of_.assign(sizes_.size(), no_piece);
+    reduced_.assign(sizes_.size(), 0);
+    for (std::size_t k = 0; k < share_.pieces().size(); ++k) piece_of_[share_.pieces()[k].tensor] = k;
     std::size_t widest = 0;
     if (mode_ == Sharding::zero2) grads_.assign(share_.numel(), 0.0f);
     std::vector<SliceParam<P>> slices;
@@ -169,6 +222,8 @@ class ShardedOptimizer {
     }
     if (slices.empty()) slices.emplace_back();  // no element here: the local optimizer still takes part in every step
     scratch_.assign(widest, 0.0f);
+    if (mode_ == Sharding::zero1)  // every rank holds every gradient: the norm as one process takes it
+      whole_norm_.emplace(sizes_, make_partitioner<typename C::partitioner>(options.subgroup_elements).partition(sizes_));
     options.sharding = Sharding::framework;  // the local optimizer holds this rank's shard
     local_.emplace(slices, hyper, std::move(options), backend);
   }
@@ -188,36 +243,71 @@ class ShardedOptimizer {
           rows[0], rows[1], differ);
   }
 
-  void check_views() const {
+  // Whether every gradient is absent or on the host.
+  bool check_views() const {
+    bool host = true;
     for (std::size_t t = 0; t < sizes_.size(); ++t) {
-      const TensorView v = whole_->value(t);
-      if (v.dtype != dtypes_[t] || v.device != Device::host || v.numel != sizes_[t] ||
-          (v.data == nullptr && v.numel > 0))
-        throw_invalid_argument("parameter {}: the value is now {} elements of {} (built with {} of {} on the host)", t,
-                               v.numel, dtype_name(v.dtype), sizes_[t], dtype_name(dtypes_[t]));
+      check_view(t);
       const ConstTensorView g = whole_->grad(t);
-      if (g.is_absent() && mode_ == Sharding::zero1) continue;
-      if (g.is_absent()) throw_invalid_argument("parameter {}: ZeRO-2 needs every gradient, this one is absent", t);
-      if (g.numel != sizes_[t] || (g.data == nullptr && g.numel > 0))
-        throw_invalid_argument("parameter {}: the gradient has {} elements, the value {}", t, g.numel, sizes_[t]);
-      if (mode_ == Sharding::zero2 && (g.dtype != DType::f32 || g.device != Device::host))
-        throw_invalid_argument("parameter {}: ZeRO-2 reduces float32 host gradients, this one is {}", t,
-                               dtype_name(g.dtype));
+      host = host && (g.is_absent() || g.device == Device::host);
     }
+    return host;
+  }
+  void check_view(std::size_t t) const {
+    const TensorView v = whole_->value(t);
+    if (v.dtype != dtypes_[t] || v.device != Device::host || v.numel != sizes_[t] || (v.data == nullptr && v.numel > 0))
+      throw_invalid_argument("parameter {}: the value is now {} elements of {} (built with {} of {} on the host)", t,
+                             v.numel, dtype_name(v.dtype), sizes_[t], dtype_name(dtypes_[t]));
+    const ConstTensorView g = whole_->grad(t);
+    if (g.is_absent() && mode_ == Sharding::zero1) return;
+    if (g.is_absent()) throw_invalid_argument("parameter {}: ZeRO-2 needs every gradient, this one is absent", t);
+    if (g.numel != sizes_[t] || (g.data == nullptr && g.numel > 0))
+      throw_invalid_argument("parameter {}: the gradient has {} elements, the value {}", t, g.numel, sizes_[t]);
+    if (mode_ == Sharding::zero2 && (g.dtype != DType::f32 || g.device != Device::host))
+      throw_invalid_argument("parameter {}: ZeRO-2 reduces float32 host gradients, this one is {}", t,
+                             dtype_name(g.dtype));
+  }
+
+  // Runs @p local on every rank and agrees that all succeeded and all are in the same
+  // call: @p call is `step_call` for step(), else the tensor grad_ready(t) reports. A
+  // rank elsewhere fails every rank, named, instead of pairing unlike collectives.
+  template <class F>
+  void same_call(double call, const char* what, F&& local) {
+    if (comm_.size() == 1) return local();  // no collective: nothing to pair, nothing allocated
+    const std::vector<double> calls = gather_rows(comm_, 1, what, [&](std::span<double> row) {
+      row[0] = call;
+      local();
+    });
+    std::string differ;
+    const auto name = [](double c) { return c == step_call ? std::string("step()") : fmt::format("grad_ready({})", c); };
+    for (std::size_t r = 0; r < calls.size(); ++r)
+      if (calls[r] != calls[0]) differ += fmt::format("{}rank {} in {}", differ.empty() ? "" : ", ", r, name(calls[r]));
+    if (!differ.empty())
+      throw_invalid_argument("{} on any of the {} ranks: rank 0 is in {}, but {}; ZeRO-2 ranks report the same "
+                             "tensors in the same order",
+                             what, comm_.size(), name(calls[0]), differ);
+  }
+  void forget() {
+    std::fill(reduced_.begin(), reduced_.end(), std::uint8_t{0});
+    if (whole_norm_) whole_norm_->forget();
   }
 
   // Sum of every rank's gradients of this rank's share, then the mean: divided here, on
   // the share, by the rank count (a float division, the same on every rank's share).
+  // Tensors grad_ready reduced already are not reduced again.
   void reduce_gradients() {
+    for (std::size_t t = 0; t < sizes_.size(); ++t)
+      if (reduced_[t] == 0) reduce_gradient(t);
+  }
+  void reduce_gradient(std::size_t t) {
     const std::size_t me = static_cast<std::size_t>(comm_.rank());
-    for (std::size_t t = 0; t < sizes_.size(); ++t) {
-      const ConstTensorView g = whole_->grad(t);
-      const std::span<const float> all(static_cast<const float*>(g.data), g.numel);
-      const std::span<const std::size_t> counts = share_.counts(t);
-      comm_.reduce_scatter(all, std::span<float>(grads_).subspan(at_[t], counts[me]), counts);
-    }
+    const ConstTensorView g = whole_->grad(t);
+    const std::span<const float> all(static_cast<const float*>(g.data), g.numel);
+    const std::span<const std::size_t> counts = share_.counts(t);
+    const std::span<float> mine = std::span<float>(grads_).subspan(at_[t], counts[me]);
+    comm_.reduce_scatter(all, mine, counts);
     const auto ranks = static_cast<float>(comm_.size());
-    for (float& x : grads_) x /= ranks;
+    for (float& x : mine) x /= ranks;
   }
 
   // Every owner's new values to every rank, tensor by tensor, through a float copy of
@@ -245,16 +335,22 @@ class ShardedOptimizer {
     }
   }
 
+  static constexpr double step_call = -1;  // same_call's id of step(); grad_ready(t)'s is t
+  static constexpr std::size_t no_piece = static_cast<std::size_t>(-1);
+
   AnyCommunicator comm_;
   Sharding mode_;
   std::vector<std::size_t> sizes_;  // per tensor, as built
   std::vector<DType> dtypes_;       // per tensor: its value's
   ZeroShare share_{std::span<const std::size_t>{}, 0, 1};
   std::vector<std::size_t> at_;  // per tensor: where this rank's piece starts in its share
+  std::vector<std::size_t> piece_of_;  // per tensor: the index of this rank's piece, or no_piece
+  std::vector<std::uint8_t> reduced_;  // ZeRO-2, per tensor: grad_ready reduced it this backward
   std::vector<float> grads_;     // ZeRO-2: the mean gradients of this rank's share
   std::vector<float> scratch_;   // this rank's widest piece, for the all-gather
   std::vector<float> gathered_;  // the widest 16-bit tensor, gathered as floats
   std::unique_ptr<Tensors> whole_;
+  std::optional<WholeGradNorm> whole_norm_;  // ZeRO-1
   std::optional<Local> local_;
 };
 

@@ -1,8 +1,8 @@
 // Simulation mode: the cost model and planner, without executing anything, predict
 // the update throughput of every stride for the paper's 4xH100 node (docs/design.md
 // and the README give the authors' figures), per rank and for the node, beside what
-// the authors measured; then the resident policies for device budgets of 20, 40 and
-// 80 GB per GPU.
+// the authors measured; then the node as four ranks sharing one host's DRAM; then the
+// resident policies for device budgets of 20, 40 and 80 GB per GPU.
 //
 //   build/release/examples/simulate [model params, default 20e9]
 
@@ -66,6 +66,36 @@ int main(int argc, char** argv) {
   const double cpu = curve.front().params_per_second * ranks / 1e9;
   fmt::print("best predicted: k={} at {:.1f} B params/s, {:.2f}x CPU only; bound N/(R_c+R_g) = {:.1f} B params/s\n",
              best_k, best, best / cpu, ranks * (h100.cpu_rate + h100.device_path_rate()) / 1e9);
+
+  // The node as four ranks sharing one host: each rank has its own GPU and PCIe link,
+  // but the four share the host's DRAM, which carries every CPU update (28 B/param) and
+  // every DMA transfer (12 B/param each way, 2 B pushed). Each rank then plans with a
+  // quarter of the node's DRAM bandwidth, as dos's ranks do when they calibrate together.
+  // The paper does not give the node's DRAM bandwidth; its k=2 point implies a floor:
+  // half the parameters updated by the CPU (28 B) and half streamed (24 B) at 15.3 B/s.
+  const double implied = 15.3e9 * (0.5 * 28 + 0.5 * 24);
+  fmt::print("\nthe node as {} ranks sharing one host's DRAM (B params/s for the node; the paper's k=2 point needs "
+             "at least {:.0f} GB/s)\n",
+             ranks, implied / 1e9);
+  fmt::print("{:>14} |", "node DRAM");
+  const std::uint32_t shown[] = {0, 2, 3, 4, 6, 8, 10};
+  for (const std::uint32_t k : shown) fmt::print(" {:>8} |", k == 0 ? std::string("CPU only") : fmt::format("k={}", k));
+  fmt::print(" {:>6}\n", "best");
+  for (const double dram : {0.0, 600e9, 460e9, 300e9, 200e9}) {
+    dos::HardwareProfile shared = h100;
+    shared.host_bandwidth = dram / ranks;
+    const dos::FirstOrderCostModel per_rank(shared);
+    const auto c = dos::simulate_strides(per_rank, shapes, 10, {.budget = 2 * shapes.front().slot_bytes, .max_slots = 2});
+    fmt::print("{:>14} |", dram == 0 ? std::string("unbounded") : fmt::format("{:.0f} GB/s", dram / 1e9));
+    std::uint32_t top = 0;
+    for (const auto& p : c)
+      if (p.params_per_second > c[top].params_per_second) top = p.stride;
+    for (const std::uint32_t k : shown) fmt::print(" {:>8.1f} |", c[k].params_per_second * ranks / 1e9);
+    fmt::print(" {:>6}\n", top == 0 ? std::string("CPU") : fmt::format("k={}", top));
+  }
+  fmt::print("{:>14} |", "paper");
+  for (const std::uint32_t k : shown) fmt::print(" {:>8} |", paper(k));
+  fmt::print(" {:>6}\n", "k=2");
 
   // Residents: the device memory left after the two staging slots, per GPU.
   const dos::PlanLimits limits{.budget = 2 * shapes.front().slot_bytes, .max_slots = 2};

@@ -4,6 +4,7 @@
 
 #include "dos/comm/any_communicator.hpp"
 #include "dos/cpu/executor.hpp"
+#include "dos/cpu/placement.hpp"
 #include "dos/cpu/simd.hpp"
 #include "dos/cpu/thread_pool.hpp"
 #include "dos/engine/interleave_options.hpp"
@@ -15,6 +16,8 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <utility>
+#include <vector>
 
 namespace dos {
 
@@ -69,6 +72,10 @@ struct Options {
   double max_grad_norm = 0;
   /// Dynamic loss scaling; implies skipping steps whose gradients overflow.
   std::optional<LossScaling> loss_scaling{};
+  /// Where the CPU threads run: by default, several ranks on a host with several NUMA
+  /// nodes, unbound by the launcher, each get their own node or run of a node's CPUs
+  /// (`rank_cpus`), so the state stays on its socket; elsewhere nothing changes.
+  ThreadPlacement placement = ThreadPlacement::automatic;
   /// The CPU/device split, for device backends.
   InterleaveOptions interleave{};
   /// The ranks this optimizer's parameters are sharded over, when the framework shards
@@ -83,7 +90,11 @@ struct Options {
 
   /// @brief The part of these options the host side (executor, backend) is built from.
   cpu::CpuConfig cpu() const {
-    return {threads != 0 ? threads : threads_for_rank(communicator.local_size()), simd, huge_pages};
+    std::vector<int> cpus = placed_cpus(placement, communicator.local_rank(), communicator.local_size());
+    const unsigned n = threads != 0      ? threads
+                       : !cpus.empty() ? static_cast<unsigned>(cpus.size())
+                                        : threads_for_rank(communicator.local_size());
+    return {n, simd, huge_pages, std::move(cpus)};
   }
 };
 

@@ -58,13 +58,15 @@ class CpuAdamExecutor {
  public:
   /// @throws std::invalid_argument when `config.simd` cannot run on this CPU.
   explicit CpuAdamExecutor(const CpuConfig& config = {})
-      : level_(resolve_simd(config.simd)), pool_(config.threads), numa_(numa_layout()) {}
+      : level_(resolve_simd(config.simd)), pool_(config.threads, config.cpus), numa_(numa_layout()) {}
 
   unsigned threads() const noexcept { return pool_.size(); }
   /// @brief The NUMA nodes this process's threads may run on, as seen at construction.
   ///        The state is first touched by the threads that update it (`StateStore`),
   ///        so its pages follow them; threads that span nodes still cross sockets.
   const NumaLayout& numa() const noexcept { return numa_; }
+  /// @brief The CPUs the threads are pinned to (`Options::placement`); empty: not pinned.
+  const std::vector<int>& cpus() const noexcept { return pool_.cpus(); }
   SimdLevel simd_level() const noexcept { return level_; }
   ThreadPool& pool() noexcept { return pool_; }
 

@@ -27,6 +27,8 @@ struct CpuConfig {
   SimdLevel simd = SimdLevel::automatic;
   /// Back large host blocks with transparent huge pages.
   bool huge_pages = true;
+  /// Pin the threads to these CPUs (`ThreadPool`, `placed_cpus`); empty: not pinned.
+  std::vector<int> cpus{};
 };
 
 /// @brief One segment as the CPU executor sees it at one step: the descriptor, the

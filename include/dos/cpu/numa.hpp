@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <fstream>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,8 @@ namespace dos {
 /// @brief One NUMA node: its id and how many of this process's CPUs it holds.
 struct NumaNode {
   int id = 0;
-  unsigned cpus = 0;  ///< CPUs of this process's affinity mask on the node
+  unsigned cpus = 0;          ///< CPUs of this process's affinity mask on the node
+  std::vector<int> cpu_list;  ///< those CPUs, ascending
 };
 
 /// @brief The host's NUMA nodes, and which of them this process's CPUs are on.
@@ -79,15 +81,19 @@ inline NumaLayout numa_layout() {
     const std::vector<int> cpus = detail::parse_cpu_list(text);
     if (cpus.empty()) continue;  // a memory-only node
     ++host_nodes;
-    unsigned mine = 0;
-    for (const int c : cpus) mine += static_cast<unsigned>(!have_mask || (c < CPU_SETSIZE && CPU_ISSET(c, &mask)));
-    if (mine > 0) layout.nodes.push_back({node, mine});
+    std::vector<int> mine;
+    for (const int c : cpus)
+      if (!have_mask || (c < CPU_SETSIZE && CPU_ISSET(c, &mask))) mine.push_back(c);
+    if (!mine.empty()) layout.nodes.push_back({node, static_cast<unsigned>(mine.size()), std::move(mine)});
   }
   if (host_nodes > 0) {
     layout.host_nodes = host_nodes;
     return layout;
   }
-  layout.nodes.push_back({0, have_mask ? static_cast<unsigned>(CPU_COUNT(&mask)) : 0u});
+  std::vector<int> all;
+  for (int c = 0; have_mask && c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &mask)) all.push_back(c);
+  layout.nodes.push_back({0, static_cast<unsigned>(all.size()), std::move(all)});
 #else
   layout.nodes.push_back({0, 0});
 #endif

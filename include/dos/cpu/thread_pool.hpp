@@ -23,9 +23,11 @@
 #include <cstdint>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #if defined(__linux__)
+#include <pthread.h>
 #include <sched.h>
 #include <unistd.h>
 #endif
@@ -66,11 +68,22 @@ class ThreadPool {
  public:
   /// @param threads participants, including the caller of `parallel_for`; 0 means
   ///        `available_threads()`.
-  explicit ThreadPool(unsigned threads = 0)
-      : size_(threads == 0 ? available_threads() : threads), ranges_(size_) {
+  /// @param cpus where to pin them (`placed_cpus`); empty: nowhere. Worker i runs on
+  ///        `cpus[i % cpus.size()]` alone; the constructing thread, which runs the
+  ///        first range of every loop, is kept on the set as a whole.
+  /// @throws std::invalid_argument when a thread cannot be pinned (a CPU outside the
+  ///         affinity mask); std::system_error when a thread cannot start.
+  explicit ThreadPool(unsigned threads = 0, std::vector<int> cpus = {})
+      : size_(threads == 0 ? available_threads() : threads), cpus_(std::move(cpus)), ranges_(size_) {
     workers_.reserve(size_ - 1);
     try {
       for (unsigned i = 1; i < size_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+#if defined(__linux__)
+      if (!cpus_.empty()) {
+        for (unsigned i = 1; i < size_; ++i) pin(workers_[i - 1].native_handle(), {cpus_[i % cpus_.size()]});
+        pin(pthread_self(), cpus_);
+      }
+#endif
     } catch (...) {  // e.g. a container's thread limit: stop what started, then report
       shutdown();
       throw;
@@ -82,6 +95,8 @@ class ThreadPool {
 
   /// @brief Number of threads that run a loop, the caller included.
   unsigned size() const noexcept { return size_; }
+  /// @brief The CPUs the threads are pinned to (empty: not pinned).
+  const std::vector<int>& cpus() const noexcept { return cpus_; }
 
   /// @brief Calls `body(i)` once for every i in [0, n), spread over the pool in equal
   ///        contiguous ranges; returns when all calls have returned. `body` must not
@@ -175,6 +190,20 @@ class ThreadPool {
     done_.wait(lock, [this] { return busy_ == 0; });
   }
 
+#if defined(__linux__)
+  static void pin(pthread_t thread, const std::vector<int>& cpus) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (const int c : cpus) {
+      if (c < 0 || c >= CPU_SETSIZE) throw_invalid_argument("cannot pin a CPU thread to CPU {}: no such CPU", c);
+      CPU_SET(c, &set);
+    }
+    if (const int e = pthread_setaffinity_np(thread, sizeof set, &set); e != 0)
+      throw_invalid_argument("cannot pin a CPU thread to CPU(s) {}{}: error {} (outside this process's affinity mask?)",
+                             cpus.front(), cpus.size() > 1 ? " and others" : "", e);
+  }
+#endif
+
   void worker_loop(unsigned self) {
     std::uint64_t seen = 0;
     for (;;) {
@@ -200,6 +229,7 @@ class ThreadPool {
   };
 
   unsigned size_;
+  std::vector<int> cpus_;
   std::vector<std::thread> workers_;
   std::mutex mutex_;
   std::condition_variable wake_, done_;

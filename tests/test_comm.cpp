@@ -133,16 +133,14 @@ TEST_CASE_TEMPLATE("ZeRO-1 and ZeRO-2 on thread ranks: exact or close to one pro
   }
 }
 
-TEST_CASE("a device optimizer's ranks calibrate together and plan with the same profile") {
-  // Rank 1 is given a profile and keeps it; the others measure at once and all plan with
-  // the lowest of each rate they found (engine/calibrate.hpp: calibrate_together).
-  const HardwareProfile given{.cpu_rate = 1e9, .device_rate = 2e9, .h2d_bandwidth = 3e9, .d2h_bandwidth = 4e9,
-                              .duplex = false, .host_bandwidth = 5e9};
+TEST_CASE("calibrate_node: the ranks calibrate together and all plan with the same profile") {
+  // Every rank calls it before building its optimizer; rank 1's backend cannot be built
+  // in the second round, which fails every rank, naming it, with none left waiting.
   const auto fields = [](const HardwareProfile& p) {
     return std::vector<double>{p.cpu_rate, p.device_rate, p.h2d_bandwidth, p.d2h_bandwidth, p.duplex ? 1.0 : 0.0,
                                p.host_bandwidth};
   };
-  for (int n = 2; n <= 3; ++n) {
+  for (int n = 1; n <= 3; ++n) {
     CAPTURE(n);
     const auto profiles = on_ranks<std::vector<double>>(n, [&](AnyCommunicator c) {
       std::vector<float> values(4096, 0.5f), grads(4096, 0.01f);
@@ -150,12 +148,30 @@ TEST_CASE("a device optimizer's ranks calibrate together and plan with the same 
       Options o;
       o.threads = 1;
       o.communicator = c;
-      if (c.rank() == 1) o.interleave.profile = given;
+      o.interleave.profile = calibrate_node<EmulatedDeviceBackend>(c, o.cpu());
       InterleavedOptimizer<EmulatedDeviceBackend> opt(params, AdamW{}, o);
       return fields(opt.cost_model().profile());
     });
-    CHECK(profiles[1] == fields(given));
-    for (int r = 2; r < n; ++r) CHECK(profiles[static_cast<std::size_t>(r)] == profiles[0]);
+    for (int r = 1; r < n; ++r) CHECK(profiles[static_cast<std::size_t>(r)] == profiles[0]);
     for (const double x : {profiles[0][0], profiles[0][1], profiles[0][2], profiles[0][3], profiles[0][5]}) CHECK(x > 0);
+
+    const auto errors = on_ranks<std::string>(n, [&](AnyCommunicator c) {
+      EmulatedDeviceBackend::Config config;
+      if (c.rank() == n - 1) config.memory_bytes = 0;  // no device memory: calibration cannot run there
+      try {
+        calibrate_node<EmulatedDeviceBackend>(c, cpu::CpuConfig{.threads = 1}, config);
+      } catch (const std::invalid_argument& e) {
+        return std::string(e.what());
+      } catch (const std::exception& e) {
+        return "another exception: " + std::string(e.what());
+      }
+      return std::string();
+    });
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      const std::string& e = errors[static_cast<std::size_t>(r)];
+      CHECK(!e.empty());
+      if (n > 1) CHECK(e.find(fmt::format("{} failed", n - 1)) != std::string::npos);
+    }
   }
 }

@@ -17,7 +17,6 @@
 #include "dos/core/function_ref.hpp"
 #include "dos/core/state_hold.hpp"
 #include "dos/core/tensor.hpp"
-#include "dos/engine/calibrate.hpp"
 #include "dos/engine/state_access.hpp"
 #include "dos/engine/update_engine.hpp"
 #include "dos/engine/value_io.hpp"
@@ -87,7 +86,7 @@ class InterleavedOptimizer {
         params_(flatten(groups), group_of_each(groups), engine::device_usable(backend_), interleaved, options_.caller_huge_pages),
         store_([&](std::span<const std::size_t> sizes) { return partitioner_.partition(sizes); }, params_, amsgrad_of(groups_),
                engine::pinned_resource(backend_, options_.huge_pages), [&](const TensorView& v, std::size_t off, std::span<float> out) { values_.read(v, off, out); }, cpu_),
-        engine_(engine::make_engine<Engine>(backend_, cpu_, store_, params_, values_, planned_with())), norm_(params_.size(), store_.chunks().size()), scaler_(options_.loss_scaling),
+        engine_(engine::make_engine<Engine>(backend_, cpu_, store_, params_, values_, options_.interleave)), norm_(params_.size(), store_.chunks().size()), scaler_(options_.loss_scaling),
         schedules_(groups_.size()), steps_(params_.size(), groups_.size()) {}
 
   InterleavedOptimizer(const InterleavedOptimizer&) = delete;
@@ -335,14 +334,6 @@ class InterleavedOptimizer {
     return report;
   }
 
-  // The engine's options; with a device and several ranks, the ranks calibrate together
-  // (`calibrate_together`: what each gets while all run, the slowest's rates for all).
-  InterleaveOptions planned_with() {
-    InterleaveOptions o = options_.interleave;
-    if constexpr (interleaved)
-      if (options_.communicator.size() > 1) o.profile = calibrate_together(options_.communicator, o.profile, backend_, cpu_);
-    return o;
-  }
   // The guard of a call that changes the state: a checkpoint's copy holding it goes first.
   CallGuard::Exclusive changing_state(const char* call) {
     holds_.wait_released();

@@ -16,6 +16,7 @@
 #include "dos/comm/any_communicator.hpp"
 #include "dos/comm/gather_rows.hpp"
 #include "dos/cpu/bandwidth_probe.hpp"
+#include "dos/cpu/cpu_adam.hpp"
 #include "dos/cpu/executor.hpp"
 #include "dos/optim/adam.hpp"
 #include "dos/cpu/thread_pool.hpp"
@@ -27,6 +28,8 @@
 #include <cstddef>
 #include <limits>
 #include <optional>
+#include <span>
+#include <string>
 #include <vector>
 
 namespace dos {
@@ -41,6 +44,9 @@ struct CalibrationSizes {
 };
 
 namespace detail {
+// calibrate_together's row: measured or not, then the six rates of a HardwareProfile.
+inline constexpr std::size_t profile_fields = 7;
+
 template <class F>
 double best_seconds(int repetitions, F&& f) {
   double best = std::numeric_limits<double>::infinity();
@@ -152,14 +158,14 @@ HardwareProfile calibrate(B& b, E& cpu, const CalibrationSizes& sizes = {}) {
 
 /// @brief The profile this rank of @p comm plans with. A node's ranks share its cores,
 ///        its DRAM and often its PCIe switch, and in data-parallel training their
-///        updates run at the same time. So when there are several ranks, all of them
-///        calibrate at once (after a barrier): each measures the CPU, DRAM and link rates
-///        it gets while the others run too, which is the node's rates divided among its
-///        ranks, contention included, rather than one rank's rates alone. Then every rank
-///        takes the lowest of each rate (duplex only if all found it): the ranks step in
-///        lock-step, so the slowest sets the pace, and all plan alike. A collective at
-///        construction: every rank calls it, also one whose device is unusable (its row
-///        counts for nothing) or that was given a profile (it keeps that one).
+///        updates run at the same time. So all of them calibrate at once (after a
+///        barrier): each measures the CPU, DRAM and link rates it gets while the others
+///        run too, which is the node's rates divided among its ranks, contention
+///        included, rather than one rank's rates alone. Then every rank takes the lowest
+///        of each rate (duplex only if all found it): the ranks step in lock-step, so the
+///        slowest sets the pace, and all plan alike. A collective: every rank calls it,
+///        also one whose device is unusable (its row counts for nothing) or that was
+///        given a profile (it keeps that one). `calibrate_node` is the form for users.
 /// @param comm the ranks.
 /// @param given `InterleaveOptions::profile`: this rank measures nothing when set.
 /// @param b this rank's device backend.
@@ -173,7 +179,7 @@ std::optional<HardwareProfile> calibrate_together(AnyCommunicator& comm, const s
   const bool measure = !given && b.available();
   if (comm.size() == 1) return given ? given : measure ? std::optional(calibrate(b, cpu, sizes)) : std::nullopt;
   comm.barrier();
-  constexpr std::size_t fields = 7;
+  constexpr std::size_t fields = detail::profile_fields;
   const std::vector<double> rows =
       gather_rows(comm, fields, "calibration failed", [&](std::span<double> row) {
         if (!measure) return;
@@ -196,6 +202,43 @@ std::optional<HardwareProfile> calibrate_together(AnyCommunicator& comm, const s
     lowest(out.host_bandwidth, rows[r + 6]);
   }
   return out;
+}
+
+/// @brief `calibrate_together` for users, before building the optimizer: a backend
+///        and an executor of their own, freed before it returns. Call it on every rank
+///        at the same point (a collective), and pass the result as
+///        `Options::interleave.profile` on that rank. A collective of its own rather than
+///        one hidden in the optimizer's constructor: a rank whose construction failed
+///        before reaching such a collective would leave the others waiting in it.
+/// @code
+/// dos::Options o;  // with o.communicator set
+/// o.interleave.profile = dos::calibrate_node<dos::CudaBackend>(o.communicator, o.cpu());
+/// dos::InterleavedOptimizer<dos::CudaBackend> opt(params, dos::AdamW{}, o);
+/// @endcode
+/// @tparam B the device backend the optimizer will use.
+/// @tparam E its CPU executor (the default components' one).
+/// @param comm the ranks.
+/// @param cpu_config the optimizer's CPU configuration (`Options::cpu()`).
+/// @param config the backend's configuration.
+/// @return as `calibrate_together` with no profile given.
+/// @throws std::invalid_argument on every rank when calibrating threw on any, naming it.
+template <DeviceBackend B, cpu::CpuExecutor E = cpu::CpuAdamExecutor>
+std::optional<HardwareProfile> calibrate_node(AnyCommunicator& comm, const cpu::CpuConfig& cpu_config,
+                                              const typename B::Config& config = {}) {
+  std::optional<E> cpu;
+  std::optional<B> backend;
+  std::string failed;
+  try {
+    cpu.emplace(cpu_config);
+    backend.emplace(cpu_config, config);
+  } catch (const std::exception& e) {
+    failed = e.what();
+  }
+  if (!failed.empty()) {  // still take part, so that no rank waits
+    comm.barrier();
+    gather_rows(comm, detail::profile_fields, "calibration failed", [&](std::span<double>) { throw_invalid_argument("{}", failed); });
+  }
+  return calibrate_together(comm, std::nullopt, *backend, *cpu);
 }
 
 }  // namespace dos

@@ -134,8 +134,8 @@ TEST_CASE_TEMPLATE("ZeRO-1 and ZeRO-2 on thread ranks: exact or close to one pro
 }
 
 TEST_CASE("calibrate_node: the ranks calibrate together and all plan with the same profile") {
-  // Every rank calls it before building its optimizer; rank 1's backend cannot be built
-  // in the second round, which fails every rank, naming it, with none left waiting.
+  // Every rank calls it before building its optimizer. A rank that cannot calibrate, or
+  // cannot build its executor, fails every rank, naming it, with none left waiting.
   const auto fields = [](const HardwareProfile& p) {
     return std::vector<double>{p.cpu_rate, p.device_rate, p.h2d_bandwidth, p.d2h_bandwidth, p.duplex ? 1.0 : 0.0,
                                p.host_bandwidth};
@@ -155,23 +155,31 @@ TEST_CASE("calibrate_node: the ranks calibrate together and all plan with the sa
     for (int r = 1; r < n; ++r) CHECK(profiles[static_cast<std::size_t>(r)] == profiles[0]);
     for (const double x : {profiles[0][0], profiles[0][1], profiles[0][2], profiles[0][3], profiles[0][5]}) CHECK(x > 0);
 
-    const auto errors = on_ranks<std::string>(n, [&](AnyCommunicator c) {
-      EmulatedDeviceBackend::Config config;
-      if (c.rank() == n - 1) config.memory_bytes = 0;  // no device memory: calibration cannot run there
-      try {
-        calibrate_node<EmulatedDeviceBackend>(c, cpu::CpuConfig{.threads = 1}, config);
-      } catch (const std::invalid_argument& e) {
-        return std::string(e.what());
-      } catch (const std::exception& e) {
-        return "another exception: " + std::string(e.what());
+    // The last rank cannot calibrate (no device memory), then cannot even build its
+    // executor (a CPU that does not exist to pin to): both fail every rank, naming it.
+    for (const bool build_fails : {false, true}) {
+      CAPTURE(build_fails);
+      const auto errors = on_ranks<std::string>(n, [&](AnyCommunicator c) {
+        EmulatedDeviceBackend::Config config;
+        cpu::CpuConfig host{.threads = 1};
+        if (c.rank() == n - 1 && !build_fails) config.memory_bytes = 0;
+        if (c.rank() == n - 1 && build_fails) host.cpus = {-1};
+        try {
+          calibrate_node<EmulatedDeviceBackend>(c, host, config);
+        } catch (const std::invalid_argument& e) {
+          return std::string(e.what());
+        } catch (const std::exception& e) {
+          return "another exception: " + std::string(e.what());
+        }
+        return std::string();
+      });
+      for (int r = 0; r < n; ++r) {
+        CAPTURE(r);
+        const std::string& e = errors[static_cast<std::size_t>(r)];
+        CHECK(!e.empty());
+        if (n > 1) CHECK(e.find(fmt::format("{} failed", n - 1)) != std::string::npos);
+        if (build_fails && r == n - 1) CHECK(e.find("CPU -1") != std::string::npos);
       }
-      return std::string();
-    });
-    for (int r = 0; r < n; ++r) {
-      CAPTURE(r);
-      const std::string& e = errors[static_cast<std::size_t>(r)];
-      CHECK(!e.empty());
-      if (n > 1) CHECK(e.find(fmt::format("{} failed", n - 1)) != std::string::npos);
     }
   }
 }

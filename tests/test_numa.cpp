@@ -135,12 +135,21 @@ TEST_CASE("a pinned pool's workers run on their CPUs, and the constructing threa
     CHECK(CPU_COUNT(&now) == static_cast<int>(std::set<int>(cpus.begin(), cpus.end()).size()));
     CHECK_THROWS_AS(dos::ThreadPool(2, std::vector<int>{-1}), std::invalid_argument);
   }
-  REQUIRE(sched_setaffinity(0, sizeof before, &before) == 0);
-  // Options::cpu(): bind takes as many threads as CPUs it places on.
+  cpu_set_t after;  // the pool gave the constructing thread its mask back
+  REQUIRE(sched_getaffinity(0, sizeof after, &after) == 0);
+  CHECK(CPU_EQUAL(&after, &before));
+  // Options::cpu(): bind takes as many threads as CPUs it places on, and placing again
+  // while a pool pins this thread gives the same CPUs (not a split of the pin).
   dos::Options o;
   o.placement = dos::ThreadPlacement::bind;
   const dos::cpu::CpuConfig c = o.cpu();
   CHECK(c.cpus == dos::rank_cpus(layout, 0, 1));
   CHECK(c.threads == c.cpus.size());
+  {
+    const dos::ThreadPool narrow(1, std::vector<int>{mask.front()});
+    CHECK(o.cpu().cpus == c.cpus);
+  }
+  REQUIRE(sched_getaffinity(0, sizeof after, &after) == 0);
+  CHECK(CPU_EQUAL(&after, &before));
 }
 #endif

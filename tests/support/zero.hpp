@@ -19,7 +19,8 @@
 //    3-element model too, and bit-exact with bf16 values on inputs whose sums are exact;
 //  - grad_ready during backward, clipped: the same bits as without it (ZeRO-1: one
 //    process; ZeRO-2: the step reducing every gradient); ZeRO-2 ranks reporting other
-//    tensors, or stepping while one reports, or a bad index, fail every rank, named;
+//    tensors, or stepping while one reports, or after an uneven begin_backward, or a
+//    bad index, fail every rank, named, and all forget what was reported;
 //  - construction: the last rank passing one tensor fewer, or asking for ZeRO-2 where
 //    the others ask for ZeRO-1, fails every rank, naming it;
 //    InterleavedOptimizer refuses zero1 and zero2, naming ShardedOptimizer.
@@ -290,8 +291,15 @@ class ZeroCheck {
                  fmt::format("{}: rank {} elsewhere: the error does not say '{}': '{}'", what, last, named, error));
         };
         opt.begin_backward();
-        odd([&] { opt.grad_ready(0); }, [&] { opt.grad_ready(1); }, fmt::format("rank {} in grad_ready(1)", last));
+        opt.grad_ready(0);  // every rank: tensor 0 reduced
+        // One rank reports while the others step: all fail and all forget tensor 0, so
+        // the next calls pair up again without a begin_backward.
         odd([&] { opt.step(); }, [&] { opt.grad_ready(2); }, "grad_ready(2)");
+        opt.grad_ready(0);
+        // An uneven begin_backward: rank 0 forgot tensor 0, the others did not.
+        if (rank_ == 0) opt.begin_backward();
+        odd([&] { opt.step(); }, [&] { opt.step(); }, "after other reports");
+        odd([&] { opt.grad_ready(0); }, [&] { opt.grad_ready(1); }, fmt::format("rank {} in grad_ready(1)", last));
         odd([&] { opt.grad_ready(0); }, [&] { opt.grad_ready(sharded_count); },
             fmt::format("{} failed", last));
         expect(mine.digest() == before && opt.step_count() == s, what + ": a refused report changed something");

@@ -66,12 +66,14 @@ inline std::vector<int> parse_cpu_list(const std::string& text) {
 /// @brief Reads the layout from /sys/devices/system/node (nodes 0-1023); one node with
 ///        every CPU of the mask where that is missing (another OS, a container without
 ///        sysfs).
-inline NumaLayout numa_layout() {
-  NumaLayout layout;
 #if defined(__linux__)
+/// @brief The layout as seen from affinity mask @p given (null: every CPU).
+inline NumaLayout numa_layout(const cpu_set_t* given) {
+  NumaLayout layout;
   cpu_set_t mask;
   CPU_ZERO(&mask);
-  const bool have_mask = sched_getaffinity(0, sizeof mask, &mask) == 0;
+  const bool have_mask = given != nullptr;
+  if (have_mask) mask = *given;
   unsigned host_nodes = 0;
   for (int node = 0; node < 1024; ++node) {
     std::ifstream in("/sys/devices/system/node/node" + std::to_string(node) + "/cpulist");
@@ -94,10 +96,21 @@ inline NumaLayout numa_layout() {
   for (int c = 0; have_mask && c < CPU_SETSIZE; ++c)
     if (CPU_ISSET(c, &mask)) all.push_back(c);
   layout.nodes.push_back({0, static_cast<unsigned>(all.size()), std::move(all)});
-#else
-  layout.nodes.push_back({0, 0});
-#endif
   return layout;
+}
+#endif
+
+/// @brief The layout as the calling thread's affinity mask sees it.
+inline NumaLayout numa_layout() {
+#if defined(__linux__)
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  return numa_layout(sched_getaffinity(0, sizeof mask, &mask) == 0 ? &mask : nullptr);
+#else
+  NumaLayout layout;
+  layout.nodes.push_back({0, 0, {}});
+  return layout;
+#endif
 }
 
 }  // namespace dos

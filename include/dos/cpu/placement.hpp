@@ -13,9 +13,11 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <optional>
 #include <vector>
 
 #if defined(__linux__)
+#include <sched.h>
 #include <unistd.h>
 #endif
 
@@ -78,11 +80,31 @@ inline bool launcher_bound(const NumaLayout& layout) noexcept {
 #endif
 }
 
+namespace detail {
+// The layout from the affinity mask the first placement saw. A pool pins the thread that
+// builds it, so the same thread's mask is narrower afterwards; placing again from it
+// would split the rank's CPUs again (or take the pin for a launcher's binding).
+inline NumaLayout first_layout() {
+#if defined(__linux__)
+  static const std::optional<cpu_set_t> first = [] {
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    return sched_getaffinity(0, sizeof mask, &mask) == 0 ? std::optional(mask) : std::nullopt;
+  }();
+  return numa_layout(first ? &*first : nullptr);
+#else
+  return numa_layout();
+#endif
+}
+}  // namespace detail
+
 /// @brief The CPUs to pin local rank @p local_rank of @p local_ranks to under
-///        @p placement (see `ThreadPlacement`); empty: do not pin.
+///        @p placement (see `ThreadPlacement`); empty: do not pin. It starts from the
+///        affinity mask the process's first placement saw, so calling it again (a
+///        second optimizer, `calibrate_node` then the optimizer) gives the same CPUs.
 inline std::vector<int> placed_cpus(ThreadPlacement placement, int local_rank, int local_ranks) {
   if (placement == ThreadPlacement::none) return {};
-  const NumaLayout layout = numa_layout();
+  const NumaLayout layout = detail::first_layout();
   if (placement == ThreadPlacement::automatic &&
       (local_ranks <= 1 || layout.host_nodes <= 1 || launcher_bound(layout)))
     return {};

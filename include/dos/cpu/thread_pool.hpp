@@ -69,8 +69,10 @@ class ThreadPool {
   /// @param threads participants, including the caller of `parallel_for`; 0 means
   ///        `available_threads()`.
   /// @param cpus where to pin them (`placed_cpus`); empty: nowhere. Worker i runs on
-  ///        `cpus[i % cpus.size()]` alone; the constructing thread, which runs the
-  ///        first range of every loop, is kept on the set as a whole.
+  ///        `cpus[i % cpus.size()]` alone; the constructing thread (which runs range 0
+  ///        of the loops it calls, the optimizer's steps normally among them) is kept on
+  ///        the set as a whole until the pool is destroyed, on that thread, which gives
+  ///        it back its mask.
   /// @throws std::invalid_argument when a thread cannot be pinned (a CPU outside the
   ///         affinity mask); std::system_error when a thread cannot start.
   explicit ThreadPool(unsigned threads = 0, std::vector<int> cpus = {})
@@ -81,7 +83,12 @@ class ThreadPool {
 #if defined(__linux__)
       if (!cpus_.empty()) {
         for (unsigned i = 1; i < size_; ++i) pin(workers_[i - 1].native_handle(), {cpus_[i % cpus_.size()]});
-        pin(pthread_self(), cpus_);
+        caller_ = pthread_self();
+        CPU_ZERO(&caller_mask_);
+        if (pthread_getaffinity_np(caller_, sizeof caller_mask_, &caller_mask_) == 0) {
+          pin(caller_, cpus_);
+          restore_caller_ = true;
+        }
       }
 #endif
     } catch (...) {  // e.g. a container's thread limit: stop what started, then report
@@ -150,6 +157,14 @@ class ThreadPool {
 
  private:
   void shutdown() noexcept {
+#if defined(__linux__)
+    // The constructing thread's own mask again, if this is that thread (another's
+    // handle may name a thread that has exited).
+    if (restore_caller_ && pthread_equal(pthread_self(), caller_) != 0) {
+      pthread_setaffinity_np(caller_, sizeof caller_mask_, &caller_mask_);
+      restore_caller_ = false;
+    }
+#endif
     {
       std::lock_guard lock(mutex_);
       stop_ = true;
@@ -230,6 +245,11 @@ class ThreadPool {
 
   unsigned size_;
   std::vector<int> cpus_;
+#if defined(__linux__)
+  pthread_t caller_{};
+  cpu_set_t caller_mask_{};
+  bool restore_caller_ = false;
+#endif
   std::vector<std::thread> workers_;
   std::mutex mutex_;
   std::condition_variable wake_, done_;

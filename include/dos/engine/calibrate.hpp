@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <exception>
 #include <limits>
 #include <optional>
 #include <span>
@@ -227,16 +228,18 @@ std::optional<HardwareProfile> calibrate_node(AnyCommunicator& comm, const cpu::
                                               const typename B::Config& config = {}) {
   std::optional<E> cpu;
   std::optional<B> backend;
-  std::string failed;
+  std::exception_ptr failed;
   try {
     cpu.emplace(cpu_config);
     backend.emplace(cpu_config, config);
-  } catch (const std::exception& e) {
-    failed = e.what();
+  } catch (...) {
+    failed = std::current_exception();
   }
-  if (!failed.empty()) {  // still take part, so that no rank waits
+  if (failed) {  // still take part, so that no rank waits; gather_rows names this rank
     comm.barrier();
-    gather_rows(comm, detail::profile_fields, "calibration failed", [&](std::span<double>) { throw_invalid_argument("{}", failed); });
+    gather_rows(comm, detail::profile_fields, "calibration failed",
+                [&](std::span<double>) { std::rethrow_exception(failed); });
+    std::rethrow_exception(failed);  // not reached: gather_rows threw on every rank
   }
   return calibrate_together(comm, std::nullopt, *backend, *cpu);
 }

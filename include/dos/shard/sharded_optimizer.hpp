@@ -123,8 +123,7 @@ class ShardedOptimizer {
   ///         in ZeRO-1 with host gradients, where it indexes the tensors every rank passed.
   StepReport step() {
     try {
-      bool host_grads = true;
-      same_call(step_call, "step() changed nothing", [&] { host_grads = check_views(); });
+      const bool host_grads = same_call(step_call, "step() changed nothing", [&] { return check_views(); });
       if (mode_ == Sharding::zero2) reduce_gradients();
       const auto whole = [&] { return whole_norm_->gather(local_->cpu_executor(), [&](std::size_t t) { return whole_->grad(t); }); };
       const StepReport r = whole_norm_ && host_grads ? local_->guarded_step(whole) : local_->step();
@@ -148,20 +147,25 @@ class ShardedOptimizer {
   /// @brief Tensor @p t's gradient is final for this backward pass; it must stay
   ///        unchanged until `step()` returns. The step then reads less.
   ///  - ZeRO-1: local to this rank, and distinct tensors may be reported from several
-  ///    threads at once: takes t's part of the norm now (`WholeGradNorm`), and hands this
-  ///    rank's piece of t to the local optimizer (`InterleavedOptimizer::grad_ready`: a
-  ///    device backend starts its copy).
+  ///    threads at once. The gradient must already be the averaged one (after the
+  ///    framework's all-reduce, not in a hook that runs before it): takes t's part of
+  ///    the norm now (`WholeGradNorm`; an absent gradient is read again at the step),
+  ///    and hands this rank's piece of t to the local optimizer
+  ///    (`InterleavedOptimizer::grad_ready`: a device backend starts its copy).
   ///  - ZeRO-2: a collective, like `step()`: every rank reports the same tensors in the
   ///    same order, from one thread. The ranks first agree (one small all-reduce), then
   ///    t's gradients are reduce-scattered and averaged into this rank's share now, not
   ///    at the step, and its piece goes to the local optimizer as above.
   /// @throws std::invalid_argument for a bad index or view, with nothing changed; in
   ///         ZeRO-2 on every rank, naming the failing ranks, also when ranks reported
-  ///         different tensors or one called `step()` meanwhile.
+  ///         different tensors, or reported different tensors before (an uneven
+  ///         `begin_backward`), or one called `step()` meanwhile. Then every rank forgets
+  ///         what this backward reported (the step reduces every tensor).
   void grad_ready(std::size_t t) {
     const auto check = [&] {
       if (t >= sizes_.size()) throw_invalid_argument("grad_ready: tensor {} does not exist (there are {})", t, sizes_.size());
       check_view(t);
+      return true;
     };
     if (mode_ == Sharding::zero1) {
       check();
@@ -268,24 +272,52 @@ class ShardedOptimizer {
                              dtype_name(g.dtype));
   }
 
-  // Runs @p local on every rank and agrees that all succeeded and all are in the same
-  // call: @p call is `step_call` for step(), else the tensor grad_ready(t) reports. A
-  // rank elsewhere fails every rank, named, instead of pairing unlike collectives.
+  // Runs @p local (which returns whether this rank's gradients are all on the host) on
+  // every rank and agrees that all succeeded, all are in the same call (@p call is
+  // `step_call` for step(), else the tensor grad_ready(t) reports) and all reduced the
+  // same tensors before. A rank elsewhere fails every rank, named, instead of pairing
+  // unlike collectives; every rank then forgets what this backward reported, so all
+  // leave in the same state. Returns whether every rank's gradients are on the host.
   template <class F>
-  void same_call(double call, const char* what, F&& local) {
+  bool same_call(double call, const char* what, F&& local) {
     if (comm_.size() == 1) return local();  // no collective: nothing to pair, nothing allocated
-    const std::vector<double> calls = gather_rows(comm_, 1, what, [&](std::span<double> row) {
-      row[0] = call;
-      local();
-    });
+    constexpr std::size_t fields = 3;
+    std::vector<double> rows;
+    try {
+      rows = gather_rows(comm_, fields, what, [&](std::span<double> row) {
+        row[0] = call;
+        row[1] = reported_digest();
+        row[2] = local() ? 1 : 0;
+      });
+    } catch (...) {
+      forget();
+      throw;
+    }
     std::string differ;
+    bool host = true;
     const auto name = [](double c) { return c == step_call ? std::string("step()") : fmt::format("grad_ready({})", c); };
-    for (std::size_t r = 0; r < calls.size(); ++r)
-      if (calls[r] != calls[0]) differ += fmt::format("{}rank {} in {}", differ.empty() ? "" : ", ", r, name(calls[r]));
-    if (!differ.empty())
+    for (std::size_t r = 0; r < rows.size() / fields; ++r) {
+      const double* row = rows.data() + r * fields;
+      host = host && row[2] != 0;
+      if (row[0] != rows[0])
+        differ += fmt::format("{}rank {} in {}", differ.empty() ? "" : ", ", r, name(row[0]));
+      else if (row[1] != rows[1])
+        differ += fmt::format("{}rank {} after other reports", differ.empty() ? "" : ", ", r);
+    }
+    if (!differ.empty()) {
+      forget();
       throw_invalid_argument("{} on any of the {} ranks: rank 0 is in {}, but {}; ZeRO-2 ranks report the same "
-                             "tensors in the same order",
-                             what, comm_.size(), name(calls[0]), differ);
+                             "tensors in the same order (all of this backward's reports are forgotten)",
+                             what, comm_.size(), name(rows[0]), differ);
+    }
+    return host;
+  }
+  // A 52-bit digest of the tensors reduced this backward (exact in a double).
+  double reported_digest() const noexcept {
+    std::uint64_t h = 14695981039346656037ull;
+    for (std::size_t t = 0; t < reduced_.size(); ++t)
+      if (reduced_[t] != 0) h = (h ^ t) * 1099511628211ull;
+    return static_cast<double>(h >> 12);
   }
   void forget() {
     std::fill(reduced_.begin(), reduced_.end(), std::uint8_t{0});

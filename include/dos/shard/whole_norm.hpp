@@ -54,14 +54,15 @@ class WholeGradNorm {
     ready_.assign(sizes.size(), 0);
   }
 
-  /// @brief Takes tensor @p t's statistics now, from its gradient @p g (host, or
-  ///        absent), during backward; `gather` then reuses them. Distinct tensors may be
-  ///        recorded from several threads at once.
+  /// @brief Takes tensor @p t's statistics now, from its host gradient @p g, during
+  ///        backward; `gather` then reuses them. An absent gradient is not recorded:
+  ///        `gather` reads the view again, as `InterleavedOptimizer::grad_ready` does.
+  ///        Distinct tensors may be recorded from several threads at once.
   void record(std::size_t t, const ConstTensorView& g) {
+    if (g.is_absent()) return;
     GradStats total;
-    if (!g.is_absent())
-      for (std::size_t i = first_[t]; i < first_[t + 1]; ++i)
-        total += cpu::grad_stats(g.data, g.dtype, pieces_[i].begin, pieces_[i].end);
+    for (std::size_t i = first_[t]; i < first_[t + 1]; ++i)
+      total += cpu::grad_stats(g.data, g.dtype, pieces_[i].begin, pieces_[i].end);
     tensor_[t] = total;
     ready_[t] = 1;
   }

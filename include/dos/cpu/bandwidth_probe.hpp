@@ -14,6 +14,7 @@
 
 #include "dos/config.hpp"
 #include "dos/cpu/executor.hpp"
+#include "dos/cpu/kernel.hpp"
 #include "dos/cpu/simd.hpp"
 #include "dos/cpu/thread_pool.hpp"
 #include "dos/memory/host_resource.hpp"
@@ -41,11 +42,12 @@ enum class ProbeVariant : std::uint8_t {
   plain,             ///< the portable loop, compiled with the consumer's flags
   native,            ///< vector loop of the widest instruction set here, ordinary stores
   native_streaming,  ///< the same with non-temporal stores (when the arrays allow them)
+  native_prefetch,   ///< the vector loop asking for its arrays ahead, as the kernels do
 };
 
 /// @brief Every variant, in report order.
-inline constexpr std::array<ProbeVariant, 3> probe_variants{ProbeVariant::plain, ProbeVariant::native,
-                                                            ProbeVariant::native_streaming};
+inline constexpr std::array<ProbeVariant, 4> probe_variants{ProbeVariant::plain, ProbeVariant::native,
+                                                            ProbeVariant::native_streaming, ProbeVariant::native_prefetch};
 
 /// @brief Human-readable name, for reports.
 constexpr std::string_view probe_name(ProbeVariant v) noexcept {
@@ -53,6 +55,7 @@ constexpr std::string_view probe_name(ProbeVariant v) noexcept {
     case ProbeVariant::plain: return "plain";
     case ProbeVariant::native: return "native";
     case ProbeVariant::native_streaming: return "native-nt";
+    case ProbeVariant::native_prefetch: return "native-pf";
   }
   return "?";
 }
@@ -74,9 +77,10 @@ namespace detail {
 #if DOS_X86_DISPATCH
 // The vector probes, one per instruction set, each in its own target region. The
 // streaming form needs p, m and v equally aligned to the vector width; it runs a
-// scalar head up to that alignment and otherwise falls back to ordinary stores.
+// scalar head up to that alignment and otherwise falls back to ordinary stores. The
+// prefetching form asks for every array as far ahead as the kernels do (cpu/kernel.hpp).
 #define DOS_PROBE_LOOP(NAME, TARGET, VEC, WIDTH, LOADU, STORE, STREAM, ADD, SUB)                                     \
-  template <bool Stream>                                                                                              \
+  template <bool Stream, bool Prefetch = false>                                                                       \
   __attribute__((target(TARGET))) inline void NAME(float* p, const float* g, float* m, float* v, std::size_t begin,   \
                                                    std::size_t end) noexcept {                                        \
     constexpr std::uintptr_t bytes = (WIDTH) * sizeof(float);                                                         \
@@ -84,9 +88,16 @@ namespace detail {
     std::size_t i = begin;                                                                                            \
     if (Stream) {                                                                                                     \
       for (; i < end && misaligned(p + i) != 0; ++i) adam_shaped_pass(p, g, m, v, i, i + 1);                          \
-      if (misaligned(m + i) != 0 || misaligned(v + i) != 0) return NAME<false>(p, g, m, v, i, end);                   \
+      if (misaligned(m + i) != 0 || misaligned(v + i) != 0) return NAME<false, Prefetch>(p, g, m, v, i, end);         \
     }                                                                                                                 \
     for (; i + (WIDTH) <= end; i += (WIDTH)) {                                                                        \
+      if (Prefetch && i % 16 < (WIDTH)) {                                                                             \
+        constexpr std::size_t ahead = cpu::prefetch_elements * sizeof(float);                                         \
+        cpu::prefetch_ahead(p + i, ahead);                                                                            \
+        cpu::prefetch_ahead(g + i, ahead);                                                                            \
+        cpu::prefetch_ahead(m + i, ahead);                                                                            \
+        cpu::prefetch_ahead(v + i, ahead);                                                                            \
+      }                                                                                                               \
       const VEC gi = LOADU(g + i);                                                                                    \
       const VEC mi = ADD(LOADU(m + i), gi);                                                                           \
       const VEC vi = ADD(LOADU(v + i), gi);                                                                           \
@@ -116,12 +127,17 @@ using ProbeLoop = void (*)(float*, const float*, float*, float*, std::size_t, st
 
 inline ProbeLoop probe_loop(ProbeVariant variant) noexcept {
 #if DOS_X86_DISPATCH
-  const bool stream = variant == ProbeVariant::native_streaming;
-  if (variant != ProbeVariant::plain) switch (detect_simd()) {
-      case SimdLevel::avx512: return stream ? &probe_avx512<true> : &probe_avx512<false>;
-      case SimdLevel::avx2: return stream ? &probe_avx2<true> : &probe_avx2<false>;
-      default: break;
-    }
+  switch (variant == ProbeVariant::plain ? SimdLevel::scalar : detect_simd()) {
+    case SimdLevel::avx512:
+      return variant == ProbeVariant::native_streaming  ? &probe_avx512<true>
+             : variant == ProbeVariant::native_prefetch ? &probe_avx512<false, true>
+                                                        : &probe_avx512<false>;
+    case SimdLevel::avx2:
+      return variant == ProbeVariant::native_streaming  ? &probe_avx2<true>
+             : variant == ProbeVariant::native_prefetch ? &probe_avx2<false, true>
+                                                        : &probe_avx2<false>;
+    default: break;
+  }
 #else
   (void)variant;
 #endif

@@ -3,10 +3,12 @@
 /// @brief The contract between the CPU executor and its per-instruction-set kernels:
 ///        the pointers of one segment and the signature of a range update.
 
+#include "dos/config.hpp"
 #include "dos/core/tensor.hpp"
 #include "dos/optim/coefficients.hpp"
 
 #include <cstddef>
+#include <cstdint>
 
 namespace dos::cpu {
 
@@ -31,6 +33,27 @@ struct SegmentDesc {
   DType grad = DType::f32;   ///< type of `args.grad`
   bool amsgrad = false;      ///< `args.max_exp_avg_sq` is used
 };
+
+/// @brief How far ahead of the element it updates a kernel asks for each array it
+///        reads: 256 elements, 1 KiB of an fp32 array.
+///
+/// One core streams four to six arrays at once (value or master, gradient, m, v, and
+/// vmax), more than its hardware prefetchers keep ahead of, so without help a 1-thread
+/// step waits on memory between bursts. Measured on the 2-vCPU EPYC VM (median of
+/// paired rounds, against the same step without it): 1.07-1.09x for fp32 and
+/// 1.15-1.26x for bf16 at 1 thread, 1.04x and 1.12x at 2, 16M and 128M elements;
+/// 128 to 1024 elements ahead did about as well. A prefetch changes no arithmetic.
+inline constexpr std::size_t prefetch_elements = 256;
+
+/// @brief Hints that @p bytes past @p p will be read soon. Never faults, so it may
+///        point past the end of an array; the address is formed as an integer for that.
+DOS_ALWAYS_INLINE void prefetch_ahead(const void* p, std::size_t bytes) noexcept {
+#if defined(__GNUC__)
+  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(p) + bytes), 0, 3);
+#else
+  (void)p, (void)bytes;
+#endif
+}
 
 /// @brief Updates elements [begin, end) of a segment with the given step coefficients.
 using RangeKernel = void (*)(const SegmentArgs&, std::size_t begin, std::size_t end,

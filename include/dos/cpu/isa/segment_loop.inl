@@ -32,8 +32,19 @@ DOS_LOOP_FN void adam_range_impl(const ::dos::cpu::SegmentArgs& a, std::size_t b
   float* const vmax_ = a.max_exp_avg_sq;
 
   const ::dos::AdamCoefficients<Lane> c = broadcast_coefficients(k);
+  // Ask for what the loop reads `prefetch_elements` ahead, once per 64-byte line of
+  // fp32 state (cpu/kernel.hpp says why). The 16-bit copy is only written: not asked for.
+  constexpr std::size_t ahead = ::dos::cpu::prefetch_elements, line = 64 / sizeof(float);
   std::size_t i = begin;
   for (; i + kWidth <= end; i += kWidth) {
+    if (i % line < kWidth) {
+      ::dos::cpu::prefetch_ahead(has_master ? static_cast<const void*>(a.master + i) : static_cast<const void*>(param + i),
+                                 ahead * (has_master ? sizeof(float) : sizeof(P)));
+      ::dos::cpu::prefetch_ahead(grad + i, ahead * sizeof(G));
+      ::dos::cpu::prefetch_ahead(m_ + i, ahead * sizeof(float));
+      ::dos::cpu::prefetch_ahead(v_ + i, ahead * sizeof(float));
+      if constexpr (Amsgrad) ::dos::cpu::prefetch_ahead(vmax_ + i, ahead * sizeof(float));
+    }
     Lane p;
     if constexpr (has_master) {
       p = load(a.master + i);

@@ -2,12 +2,19 @@
 // and model sizes, every contender (all-CPU, each fixed stride, the automatic stride;
 // static_fraction and resident_then_stride) steps its own copy of the same model, in
 // alternating rounds within one process so that they all see the same machine. Per
-// run, each contender's time is the mean update time over the last half of the steps
-// (the automatic policies settle in the first half); the run's figures are ratios:
+// run, over the last half of the steps (the automatic policies settle in the first
+// half), the figures are medians of paired ratios: one contender's update time over
+// another's in the same round, the median over the rounds. The VM's bandwidth moves
+// from minute to minute; pairing cancels that, and a median is not moved by one slow
+// step as a mean is.
 //
 //   auto/best   the automatic stride over the best of all-CPU and the fixed strides
+//               (the one with the shortest median late step; not the least of nine
+//               noisy means, which would beat any one contender's typical time)
 //   auto/cpu    the automatic stride over all-CPU
 //   rts/sf      resident_then_stride over static_fraction (both keep subgroups resident)
+//   cpu/cpu     a second all-CPU copy over the first: the same plan on both sides, so
+//               its spread is how finely this machine can tell two contenders apart
 //
 // and the table gives their median and worst over the runs, with the steps the
 // automatic policy took to settle (its last exploration of a candidate it had not
@@ -94,10 +101,32 @@ struct Contender {
 };
 
 struct RunResult {
-  double auto_best = 0, auto_cpu = 0, rts_sf = 0;
+  double auto_best = 0, auto_cpu = 0, rts_sf = 0, cpu_cpu = 0;
   std::int64_t settled = 0;
   std::uint32_t k = 0;  // the automatic policy's last choice
+  std::string best;     // the fixed contender it is measured against
 };
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The median of a contender's steps in the last half (the automatic policies settle in
+// the first half).
+double late_median(const Contender& c) {
+  return median(std::vector<double>(c.seconds.begin() + static_cast<std::ptrdiff_t>(c.seconds.size() / 2), c.seconds.end()));
+}
+
+// The median, over the last half of the steps, of a's time over b's in the same round:
+// the machine's bandwidth moves from minute to minute, and one slow step would weigh
+// on a mean of either.
+double paired(const Contender& a, const Contender& b) {
+  std::vector<double> r;
+  for (std::size_t i = a.seconds.size() / 2; i < a.seconds.size(); ++i) r.push_back(a.seconds[i] / b.seconds[i]);
+  return median(r);
+}
 
 RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::vector<float>& grad,
                    const Settings& s, bool trace) {
@@ -107,6 +136,7 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
   cs.push_back({"automatic", dos::AutomaticStride{}, {}, {}, {}, 0});
   cs.push_back({"static_fraction", dos::StaticFraction{0.25}, {}, {}, {}, 0});
   cs.push_back({"resident_then_stride", dos::ResidentThenStride{}, {}, {}, {}, 0});
+  cs.push_back({"all_cpu_again", dos::AllCpu{}, {}, {}, {}, 0});
   for (Contender& c : cs) {
     c.values.assign(elements, 0.5f);
     std::vector<dos::HostParam<float>> params;
@@ -142,56 +172,64 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
   const auto late = [&](std::string_view name) {
     return std::find_if(cs.begin(), cs.end(), [&](const Contender& c) { return c.name == name; })->late;
   };
-  double best = late("all_cpu");
-  for (std::uint32_t k = 1; k <= 8; ++k) best = std::min(best, late(fmt::format("stride_{}", k)));
+  const auto named = [&](std::string_view name) -> const Contender& {
+    return *std::find_if(cs.begin(), cs.end(), [&](const Contender& c) { return c.name == name; });
+  };
+  // The best fixed contender is the one with the shortest median late step; each ratio
+  // is the median over the late steps of the two contenders' times in the same round.
+  const Contender* best = &named("all_cpu");
+  for (std::uint32_t k = 1; k <= 8; ++k) {
+    const Contender& c = named(fmt::format("stride_{}", k));
+    if (late_median(c) < late_median(*best)) best = &c;
+  }
   RunResult out;
-  out.auto_best = late("automatic") / best;
-  out.auto_cpu = late("automatic") / late("all_cpu");
-  out.rts_sf = late("resident_then_stride") / late("static_fraction");
+  out.auto_best = paired(named("automatic"), *best);
+  out.auto_cpu = paired(named("automatic"), named("all_cpu"));
+  out.rts_sf = paired(named("resident_then_stride"), named("static_fraction"));
+  out.cpu_cpu = paired(named("all_cpu_again"), named("all_cpu"));
+  out.best = best->name;
   const Contender& a = *std::find_if(cs.begin(), cs.end(), [](const Contender& c) { return c.name == "automatic"; });
   out.settled = a.opt->policy().target<dos::AutomaticStride>()->explorer.settled_after();
   out.k = a.opt->timeline().plan.stride;
   return out;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const Settings s = parse(argc, argv);
-  fmt::print("{} runs of {} steps; ratios of mean update times over the last half; median (worst)\n", s.runs,
-             s.steps);
-  fmt::print("{:>5} {:>6} | {:>15} | {:>15} | {:>15} | {:>13} | {:>9}\n", "link", "params", "auto/best", "auto/cpu",
-             "rts/sf", "settled steps", "final k");
+  fmt::print("{} runs of {} steps; medians of paired ratios over the last half; median (worst) over the runs\n",
+             s.runs, s.steps);
+  fmt::print("{:>5} {:>6} | {:>15} | {:>15} | {:>15} | {:>13} | {:>9} | {:>19} | {}\n", "link", "params", "auto/best", "auto/cpu",
+             "rts/sf", "settled steps", "final k", "best fixed", "cpu/cpu");
   bool met = true;
   for (const double link : s.links) {
     const dos::EmulatedLink m = dos::emulated_link(link);
     for (const double size : s.sizes) {
       const auto elements = static_cast<std::size_t>(size * (1 << 20));
       const std::vector<float> grad(elements, 1e-3f);
-      std::vector<double> best, cpu, rts;
+      std::vector<double> best, cpu, rts, control;
       std::vector<double> settled;
-      std::string ks;
+      std::string ks, bests;
       for (int run = 0; run < s.runs; ++run) {
         const RunResult r = run_once(m, elements, grad, s, s.trace && run == 0);
         best.push_back(r.auto_best);
         cpu.push_back(r.auto_cpu);
         rts.push_back(r.rts_sf);
+        control.push_back(r.cpu_cpu);
         settled.push_back(static_cast<double>(r.settled));
         ks += fmt::format("{}{}", run == 0 ? "" : ",", r.k);
+        bests += fmt::format("{}{}", run == 0 ? "" : ",", r.best == "all_cpu" ? "cpu" : r.best.substr(7));
       }
       const double worst_best = *std::max_element(best.begin(), best.end());
       const double worst_cpu = *std::max_element(cpu.begin(), cpu.end());
       met = met && worst_best <= 1.05 && worst_cpu <= 1.02;
-      fmt::print("{:>5} {:>5}M | {:>6.3f} ({:>5.3f}) | {:>6.3f} ({:>5.3f}) | {:>6.3f} ({:>5.3f}) | {:>5.0f} ({:>5.0f}) | {:>9}\n",
+      fmt::print("{:>5} {:>5}M | {:>6.3f} ({:>5.3f}) | {:>6.3f} ({:>5.3f}) | {:>6.3f} ({:>5.3f}) | {:>5.0f} ({:>5.0f}) | {:>9} | {:>19} | {:.3f} [{:.3f}-{:.3f}]\n",
                  link, size, median(best), worst_best, median(cpu), worst_cpu, median(rts),
                  *std::max_element(rts.begin(), rts.end()), median(settled),
-                 *std::max_element(settled.begin(), settled.end()), ks);
+                 *std::max_element(settled.begin(), settled.end()), ks, bests, median(control),
+                 *std::min_element(control.begin(), control.end()), *std::max_element(control.begin(), control.end()));
       std::fflush(stdout);
     }
   }

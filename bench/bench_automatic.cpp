@@ -97,7 +97,6 @@ struct Contender {
   std::vector<float> values;
   std::unique_ptr<Optimizer> opt;
   std::vector<double> seconds;  // update time per step
-  double late = 0;              // mean over the last half
 };
 
 struct RunResult {
@@ -131,12 +130,12 @@ double paired(const Contender& a, const Contender& b) {
 RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::vector<float>& grad,
                    const Settings& s, bool trace) {
   std::vector<Contender> cs;
-  cs.push_back({"all_cpu", dos::AllCpu{}, {}, {}, {}, 0});
-  for (std::uint32_t k = 1; k <= 8; ++k) cs.push_back({fmt::format("stride_{}", k), dos::FixedStride{k}, {}, {}, {}, 0});
-  cs.push_back({"automatic", dos::AutomaticStride{}, {}, {}, {}, 0});
-  cs.push_back({"static_fraction", dos::StaticFraction{0.25}, {}, {}, {}, 0});
-  cs.push_back({"resident_then_stride", dos::ResidentThenStride{}, {}, {}, {}, 0});
-  cs.push_back({"all_cpu_again", dos::AllCpu{}, {}, {}, {}, 0});
+  cs.push_back({"all_cpu", dos::AllCpu{}, {}, {}, {}});
+  for (std::uint32_t k = 1; k <= 8; ++k) cs.push_back({fmt::format("stride_{}", k), dos::FixedStride{k}, {}, {}, {}});
+  cs.push_back({"automatic", dos::AutomaticStride{}, {}, {}, {}});
+  cs.push_back({"static_fraction", dos::StaticFraction{0.25}, {}, {}, {}});
+  cs.push_back({"resident_then_stride", dos::ResidentThenStride{}, {}, {}, {}});
+  cs.push_back({"all_cpu_again", dos::AllCpu{}, {}, {}, {}});
   for (Contender& c : cs) {
     c.values.assign(elements, 0.5f);
     std::vector<dos::HostParam<float>> params;
@@ -161,17 +160,11 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
     }
   }
   if (trace) fmt::print("  automatic k by step:{}\n", ks);
-  std::string lates;
-  for (Contender& c : cs) {
-    double sum = 0;
-    for (std::size_t i = c.seconds.size() / 2; i < c.seconds.size(); ++i) sum += c.seconds[i];
-    c.late = sum / static_cast<double>(c.seconds.size() - c.seconds.size() / 2);
-    lates += fmt::format(" {} {:.2f}", c.name, c.late * 1e3);
+  if (trace) {
+    std::string lates;
+    for (const Contender& c : cs) lates += fmt::format(" {} {:.2f}", c.name, late_median(c) * 1e3);
+    fmt::print("  last-half medians, ms:{}\n", lates);
   }
-  if (trace) fmt::print("  last-half means, ms:{}\n", lates);
-  const auto late = [&](std::string_view name) {
-    return std::find_if(cs.begin(), cs.end(), [&](const Contender& c) { return c.name == name; })->late;
-  };
   const auto named = [&](std::string_view name) -> const Contender& {
     return *std::find_if(cs.begin(), cs.end(), [&](const Contender& c) { return c.name == name; });
   };
@@ -188,12 +181,11 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
   out.rts_sf = paired(named("resident_then_stride"), named("static_fraction"));
   out.cpu_cpu = paired(named("all_cpu_again"), named("all_cpu"));
   out.best = best->name;
-  const Contender& a = *std::find_if(cs.begin(), cs.end(), [](const Contender& c) { return c.name == "automatic"; });
+  const Contender& a = named("automatic");
   out.settled = a.opt->policy().target<dos::AutomaticStride>()->explorer.settled_after();
   out.k = a.opt->timeline().plan.stride;
   return out;
 }
-
 
 }  // namespace
 

@@ -91,7 +91,7 @@ namespace detail {
       if (misaligned(m + i) != 0 || misaligned(v + i) != 0) return NAME<false, Prefetch>(p, g, m, v, i, end);         \
     }                                                                                                                 \
     for (; i + (WIDTH) <= end; i += (WIDTH)) {                                                                        \
-      if (Prefetch && i % 16 < (WIDTH)) {                                                                             \
+      if (Prefetch && i % (64 / sizeof(float)) < (WIDTH)) { /* once per 64-byte line */                              \
         constexpr std::size_t ahead = cpu::prefetch_elements * sizeof(float);                                         \
         cpu::prefetch_ahead(p + i, ahead);                                                                            \
         cpu::prefetch_ahead(g + i, ahead);                                                                            \

@@ -8,7 +8,7 @@
 ///  - an `UpdateEngine`: `HostEngine`, or `DeviceEngine` for a `DeviceBackend`
 ///    (plans, copies, the cost model, the policy);
 ///  - the training loop: `GradNorm`, `LossScaler`, `LrSchedules`, `GradAccumulator`;
-///  - checkpoint access (`engine/state_access.hpp`).
+///  - checkpoint access (`engine::StateAccessors`, `engine/state_access.hpp`).
 
 #include "dos/backend/cpu.hpp"
 #include "dos/backend/device_backend.hpp"
@@ -57,7 +57,7 @@ namespace dos {
 /// dos::InterleavedOptimizer<dos::EmulatedDeviceBackend> dev(params, dos::AdamW{}, o);
 /// @endcode
 template <class Backend = CpuBackend, Components C = DefaultComponents>
-class InterleavedOptimizer {
+class InterleavedOptimizer : public engine::StateAccessors<InterleavedOptimizer<Backend, C>, DeviceBackend<Backend>> {
   static_assert(check_backend<Backend>());
 
   using Executor = typename C::cpu_executor;
@@ -202,38 +202,8 @@ class InterleavedOptimizer {
     groups_[group] = c;
   }
 
-  // ---- Checkpoint access --------------------------------------------------------
-
-  /// @brief Copies one state tensor of parameter @p param into @p out. Without a device
-  ///        it only reads, so several threads may call it at once (checkpoint writers);
-  ///        with one it may pull resident state through one stream, hence not const.
-  /// @throws std::invalid_argument for a bad index, kind or size, or vmax without amsgrad.
-  void read_state(std::size_t param, StateKind kind, std::span<float> out) {
-    const std::conditional_t<interleaved, CallGuard::Exclusive, CallGuard::Shared> busy(guard_, "read_state()");
-    engine::read_state(store_, engine_, values_, params_, param, kind, out);
-  }
-  /// @brief Overwrites one state tensor of parameter @p param. Writing the master of a
-  ///        16-bit parameter also rewrites its value, rounded.
-  void write_state(std::size_t param, StateKind kind, std::span<const float> in) {
-    const CallGuard::Exclusive busy = changing_state("write_state()");
-    engine::write_state(store_, engine_, values_, params_, param, kind, in);
-  }
-  /// @brief Keeps the host state as it is until released (`core/state_hold.hpp`): calls
-  ///        that change it wait. Not for device optimizers (residents move by stream).
-  StateHold hold_state() requires(!interleaved) { return holds_.hold(); }
-  /// @brief `read_state` for the holder of @p h, from any thread (`engine::read_stored_state`).
-  /// @throws std::invalid_argument for a hold on another optimizer, or as that function.
-  void read_state(const StateHold& h, std::size_t param, StateKind kind, std::span<float> out) const requires(!interleaved) {
-    if (!h.holds(holds_)) throw_invalid_argument("read_state: the hold given is not a live hold on this optimizer");
-    engine::read_stored_state(store_, param, kind, out);
-  }
-  /// @brief The fp32 master of 16-bit and device-resident parameters is the truth the
-  ///        next step updates; after editing such values in place, call this to make
-  ///        the masters follow them (`engine::reload_masters`).
-  void reload_masters() {
-    const CallGuard::Exclusive busy = changing_state("reload_masters()");
-    engine::reload_masters(store_, engine_, values_, params_);
-  }
+  // Checkpoint access (read_state, write_state, hold_state, reload_masters) comes from
+  // `engine::StateAccessors` (engine/state_access.hpp).
 
   // ---- The device side (device backends) ----------------------------------------
 
@@ -273,6 +243,7 @@ class InterleavedOptimizer {
  private:
   template <class, Components>
   friend class ShardedOptimizer;
+  friend class engine::StateAccessors<InterleavedOptimizer, interleaved>;
   // ZeRO-1 (`ShardedOptimizer`): @p whole gives the whole model's summary, computed the
   // same on every rank as one process would, instead of this shard's.
   StepReport guarded_step(std::optional<FunctionRef<GradSummary()>> whole) {

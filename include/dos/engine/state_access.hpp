@@ -1,10 +1,13 @@
 #pragma once
 /// @file
-/// @brief Checkpoint access as free functions: copy one state tensor of a parameter
+/// @brief Checkpoint access: free functions that copy one state tensor of a parameter
 ///        out of, or into, the optimizer's state blocks, wherever its pieces live (a
 ///        resident subgroup's truth is on the device; a device parameter's values are
-///        read and written through staged copies).
+///        read and written through staged copies), and `StateAccessors`, the
+///        optimizer's public surface over them, each call under its call guard.
 
+#include "dos/core/call_guard.hpp"
+#include "dos/core/state_hold.hpp"
 #include "dos/engine/update_engine.hpp"
 #include "dos/error.hpp"
 #include "dos/engine/value_io.hpp"
@@ -15,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 
 namespace dos::engine {
 
@@ -88,5 +92,60 @@ void reload_masters(Store& store, G& engine, Values& values, ParamTable& params)
                          });
   }
 }
+
+/// @brief The checkpoint calls of an optimizer, which derives from it (CRTP): each runs
+///        the function above of its name under the optimizer's call guard.
+/// @tparam Derived the optimizer; it befriends this class and has `store_`, `engine_`,
+///         `values_`, `params_`, `guard_`, `holds_` and `changing_state(call)` (the
+///         exclusive guard of a call that changes the state, after the holds are released).
+/// @tparam Interleaved whether a device may hold state: reads then pull it through a
+///         stream, so they exclude each other, and a `StateHold` is not offered.
+template <class Derived, bool Interleaved>
+class StateAccessors {
+ public:
+  /// @brief Copies one state tensor of parameter @p param into @p out. Without a device
+  ///        it only reads, so several threads may call it at once (checkpoint writers);
+  ///        with one it may pull resident state through one stream, hence not const.
+  /// @throws std::invalid_argument for a bad index, kind or size, or vmax without amsgrad.
+  void read_state(std::size_t param, StateKind kind, std::span<float> out) {
+    Derived& d = self();
+    const std::conditional_t<Interleaved, CallGuard::Exclusive, CallGuard::Shared> busy(d.guard_, "read_state()");
+    engine::read_state(d.store_, d.engine_, d.values_, d.params_, param, kind, out);
+  }
+  /// @brief Overwrites one state tensor of parameter @p param. Writing the master of a
+  ///        16-bit parameter also rewrites its value, rounded.
+  void write_state(std::size_t param, StateKind kind, std::span<const float> in) {
+    Derived& d = self();
+    const CallGuard::Exclusive busy = d.changing_state("write_state()");
+    engine::write_state(d.store_, d.engine_, d.values_, d.params_, param, kind, in);
+  }
+  /// @brief Keeps the host state as it is until released (`core/state_hold.hpp`): calls
+  ///        that change it wait. Not for device optimizers (residents move by stream).
+  StateHold hold_state() requires(!Interleaved) { return self().holds_.hold(); }
+  /// @brief `read_state` for the holder of @p h, from any thread (`read_stored_state`).
+  /// @throws std::invalid_argument for a hold on another optimizer, or as that function.
+  void read_state(const StateHold& h, std::size_t param, StateKind kind, std::span<float> out) const
+    requires(!Interleaved)
+  {
+    const Derived& d = self();
+    if (!h.holds(d.holds_)) throw_invalid_argument("read_state: the hold given is not a live hold on this optimizer");
+    engine::read_stored_state(d.store_, param, kind, out);
+  }
+  /// @brief The fp32 master of 16-bit and device-resident parameters is the truth the
+  ///        next step updates; after editing such values in place, call this to make
+  ///        the masters follow them (`reload_masters` above).
+  void reload_masters() {
+    Derived& d = self();
+    const CallGuard::Exclusive busy = d.changing_state("reload_masters()");
+    engine::reload_masters(d.store_, d.engine_, d.values_, d.params_);
+  }
+
+ protected:
+  StateAccessors() = default;
+
+ private:
+  Derived& self() noexcept { return static_cast<Derived&>(*this); }
+  const Derived& self() const noexcept { return static_cast<const Derived&>(*this); }
+};
 
 }  // namespace dos::engine

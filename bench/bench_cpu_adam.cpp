@@ -2,7 +2,8 @@
 // figure is a ratio from one run.
 //
 // Default: Google Benchmark entries, one measurement each.
-//   BM_AdamShapedBandwidth/<variant>/<n>/threads:<t>  the limit (read 4 arrays, write 3)
+//   BM_AdamShapedBandwidth/<shape>/<variant>/<n>/threads:<t>  the limit: fp32 (read 4 arrays,
+//                                                      write 3) or mixed16 (the bf16 step's streams)
 //   BM_CpuAdam/<fp32|bf16>/<n>/threads:<t>            dos's CPU update (fp32 state; bf16 =
 //                                                      bf16 values and gradients, fp32 master)
 //   items_per_second is parameters per second; bytes_per_second counts 28 B/param.
@@ -14,8 +15,10 @@
 // per-round ratios with their spread. For 16M and 128M parameters, fp32 and bf16, at
 // every thread count up to the machine's: the step, the step on the caller's arrays
 // left on 4 KiB pages, the step with the old interleaved-chunk scheduling, t 1-thread
-// optimizers on t contiguous parts run side by side, and every probe variant, in one
-// block or four (the limit is the variant with the shortest median time).
+// optimizers on t contiguous parts run side by side, and every probe variant of the
+// step's shape (cpu/bandwidth_probe.hpp: fp32, or mixed16 for a bf16 step), in one
+// block or in separate allocations (the limit is the variant with the shortest median
+// time).
 //   Run: build/release/bench/bench_cpu_adam --paired=15
 
 #include <benchmark/benchmark.h>
@@ -47,12 +50,12 @@ void set_counters(benchmark::State& state, std::int64_t n) {
 
 using dos::ProbeArrays;
 
-void BM_AdamShapedBandwidth(benchmark::State& state, dos::ProbeVariant variant) {
+void BM_AdamShapedBandwidth(benchmark::State& state, dos::ProbeShape shape, dos::ProbeVariant variant) {
   dos::ThreadPool pool(static_cast<unsigned>(state.range(1)));
   ProbeArrays a(static_cast<std::size_t>(state.range(0)));
-  a.pass(pool, variant);  // first touch
+  a.pass(pool, variant, shape);  // first touch
   for (auto _ : state) {
-    a.pass(pool, variant);
+    a.pass(pool, variant, shape);
     benchmark::ClobberMemory();
   }
   set_counters(state, state.range(0));
@@ -79,10 +82,12 @@ void register_all() {
   std::vector<std::int64_t> threads{1};
   if (all > 1) threads.push_back(all);
   for (std::int64_t t : threads) {
-    for (const dos::ProbeVariant variant : dos::probe_variants)
-      benchmark::RegisterBenchmark(fmt::format("BM_AdamShapedBandwidth/{}", dos::probe_name(variant)).c_str(),
-                                   BM_AdamShapedBandwidth, variant)
-          ->Args({kElements, t})->ArgNames({"", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond);
+    for (const dos::ProbeShape shape : {dos::ProbeShape::fp32, dos::ProbeShape::mixed16})
+      for (const dos::ProbeVariant variant : dos::probe_variants)
+        benchmark::RegisterBenchmark(
+            fmt::format("BM_AdamShapedBandwidth/{}/{}", dos::probe_shape_name(shape), dos::probe_name(variant)).c_str(),
+            BM_AdamShapedBandwidth, shape, variant)
+            ->Args({kElements, t})->ArgNames({"", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("BM_CpuAdam/fp32", BM_CpuAdam<float>)
         ->Args({kElements, t})->ArgNames({"", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("BM_CpuAdam/bf16", BM_CpuAdam<dos::bf16>)
@@ -172,23 +177,38 @@ void paired_case(std::size_t n, unsigned threads, int rounds, const char* type) 
                     (*parts)[0]->step();
                   }});
   }
+  // The probes of the step's own shape are the candidates for the limit; a 16-bit
+  // step also sees the fp32-shaped probe, which moves as many bytes in other streams.
+  const dos::ProbeShape shape = dos::probe_shape_of(dos::dtype_of<T>);
   auto pool = std::make_shared<dos::ThreadPool>(threads);
   auto arrays = std::make_shared<ProbeArrays>(n);
   for (const dos::ProbeVariant variant : dos::probe_variants)
-    cs.push_back({fmt::format("probe {}", dos::probe_name(variant)), [pool, arrays, variant] { arrays->pass(*pool, variant); },
-                  true});
-  // The probe's arrays in four allocations (each on huge pages, 2 MiB aligned) rather
-  // than one block: on the 2-vCPU EPYC VM this layout streamed faster, so it belongs
-  // among the candidates for the limit.
-  auto four = std::make_shared<std::array<dos::HostBuffer<float>, 4>>();
-  for (auto& b : *four) {
+    cs.push_back({fmt::format("probe {}", dos::probe_name(variant)),
+                  [pool, arrays, variant, shape] { arrays->pass(*pool, variant, shape); }, true});
+  if (shape != dos::ProbeShape::fp32)
+    cs.push_back({"probe native, fp32 shape", [pool, arrays] { arrays->pass(*pool, dos::ProbeVariant::native); }});
+  // The probe's arrays in separate allocations (each on huge pages, 2 MiB aligned)
+  // rather than one block: on the 2-vCPU EPYC VM this layout streamed faster, so it
+  // belongs among the candidates for the limit.
+  auto apart = std::make_shared<std::array<dos::HostBuffer<float>, 4>>();
+  auto apart16 = std::make_shared<std::array<dos::HostBuffer<std::uint16_t>, 2>>();
+  for (auto& b : *apart) {
     b = dos::HostBuffer<float>(n, dos::HostResource{.huge_pages = true});
     std::fill(b.span().begin(), b.span().end(), 1e-3f);
   }
-  for (const dos::ProbeVariant variant : {dos::ProbeVariant::native, dos::ProbeVariant::native_prefetch})
-    cs.push_back({fmt::format("probe {}, 4 blocks", dos::probe_name(variant)), [pool, four, variant] {
-                    dos::adam_shaped_pass(*pool, (*four)[0].span(), (*four)[1].span(), (*four)[2].span(),
-                                          (*four)[3].span(), variant);
+  if (shape != dos::ProbeShape::fp32)
+    for (auto& b : *apart16) b = dos::HostBuffer<std::uint16_t>(n, dos::HostResource{.huge_pages = true});
+  const std::array<dos::ProbeVariant, 3> apart_variants{dos::ProbeVariant::native, dos::ProbeVariant::native_prefetch,
+                                                        dos::ProbeVariant::native_streaming_prefetch};
+  for (const dos::ProbeVariant variant : apart_variants)
+    cs.push_back({fmt::format("probe {}, apart", dos::probe_name(variant)), [pool, apart, apart16, variant, shape] {
+                    auto& [p, g, m, v] = *apart;
+                    if (shape == dos::ProbeShape::fp32) {
+                      dos::adam_shaped_pass(*pool, p.span(), g.span(), m.span(), v.span(), variant);
+                    } else {
+                      dos::mixed16_shaped_pass(*pool, p.span(), (*apart16)[0].span(), m.span(), v.span(),
+                                               (*apart16)[1].span(), variant);
+                    }
                   }, true});
   run_rounds(cs, rounds, static_cast<int>(std::max<std::size_t>(1, (std::size_t{64} << 20) / n)));
 
@@ -201,7 +221,7 @@ void paired_case(std::size_t n, unsigned threads, int rounds, const char* type) 
   const std::vector<double>& limit = best->seconds;
   fmt::print("\n{} {}M params, {} thread{}, {} kernels\n", type, n >> 20, threads, threads > 1 ? "s" : "",
              dos::simd_name(step->simd_level()));
-  fmt::print("  best probe: {}\n", best->name);
+  fmt::print("  best probe ({} shape): {}\n", dos::probe_shape_name(shape), best->name);
   fmt::print("  {:<26} {:>7}   {:<26} {:<26}\n", "contender", "GB/s", "vs best probe: med [min-max]",
              "step vs this: med [min-max]");
   for (const auto& c : cs) {

@@ -77,7 +77,11 @@ template <class P, class G>
 void compare_levels() {
   for (bool amsgrad : {false, true})
     for (int mode = 0; mode < 3; ++mode)
-      for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{16}, std::size_t{33}, std::size_t{1031}}) {
+      // Lengths that end a range in each part of the loop (cpu/isa/segment_loop.inl):
+      // two vectors per iteration, then one vector (24 and 57 for AVX2, 16, 24 and 57
+      // for AVX-512), then the scalar tail.
+      for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{16}, std::size_t{24}, std::size_t{33},
+                            std::size_t{57}, std::size_t{1031}}) {
         AdamConfig c = mode == 0 ? AdamConfig(AdamW{.lr = 1e-2, .weight_decay = 0.1, .amsgrad = amsgrad})
                        : mode == 1 ? AdamConfig(Adam{.weight_decay = 0.2, .amsgrad = amsgrad, .maximize = true})
                                    : AdamConfig(Adam{.lr = 0.1, .beta1 = 0.5, .beta2 = 0.6, .eps = 1e-3, .amsgrad = amsgrad});

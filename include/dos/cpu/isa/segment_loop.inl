@@ -14,6 +14,10 @@ DOS_STEP_FN ::dos::AdamCoefficients<Lane> broadcast_coefficients(const ::dos::Ad
           broadcast(k.eps),       broadcast(k.neg_step_size)};
 }
 
+// Updates the U vectors from element i on: all their loads, then their steps, then
+// their stores, so U independent Adam chains (a square root and a division each)
+// overlap. Each element still takes the one adam_step.
+//
 // Stream: write the 16-bit copy with non-temporal stores. Nothing reads it during the
 // update, so streaming saves the read-for-ownership of every line: 2 B per element,
 // which puts a bf16 update at the same 28 B per element as an fp32 one.
@@ -21,55 +25,71 @@ DOS_STEP_FN ::dos::AdamCoefficients<Lane> broadcast_coefficients(const ::dos::Ad
 // HasMaster: p is read from and written to the fp32 master, and the value array only
 // receives a copy. Always the case for 16-bit values; for fp32 values only when the
 // value is a mirror of a parameter that lives on a device.
+template <std::size_t U, class P, class G, bool Amsgrad, bool Stream, bool HasMaster>
+DOS_STEP_FN void adam_vectors(const ::dos::cpu::SegmentArgs& a, std::size_t i,
+                              const ::dos::AdamCoefficients<Lane>& c) {
+  auto* const param = static_cast<P*>(a.param);
+  const auto* const grad = static_cast<const G*>(a.grad);
+  // Ask for what the loop reads `prefetch_elements` ahead, once per 64-byte line of
+  // fp32 state (cpu/kernel.hpp says why). The 16-bit copy is only written: not asked for.
+  constexpr std::size_t ahead = ::dos::cpu::prefetch_elements, line = 64 / sizeof(float);
+  for (std::size_t j = i; j < i + U * kWidth; j += kWidth)
+    if (j % line < kWidth) {
+      ::dos::cpu::prefetch_ahead(HasMaster ? static_cast<const void*>(a.master + j) : static_cast<const void*>(param + j),
+                                 ahead * (HasMaster ? sizeof(float) : sizeof(P)));
+      ::dos::cpu::prefetch_ahead(grad + j, ahead * sizeof(G));
+      ::dos::cpu::prefetch_ahead(a.exp_avg + j, ahead * sizeof(float));
+      ::dos::cpu::prefetch_ahead(a.exp_avg_sq + j, ahead * sizeof(float));
+      if constexpr (Amsgrad) ::dos::cpu::prefetch_ahead(a.max_exp_avg_sq + j, ahead * sizeof(float));
+    }
+  Lane p[U], g[U], m[U], v[U], vmax[U];
+  for (std::size_t u = 0; u < U; ++u) {
+    const std::size_t j = i + u * kWidth;
+    if constexpr (HasMaster) {
+      p[u] = load(a.master + j);
+    } else {
+      p[u] = load(param + j);
+    }
+    g[u] = load(grad + j);
+    m[u] = load(a.exp_avg + j);
+    v[u] = load(a.exp_avg_sq + j);
+    vmax[u] = Amsgrad ? load(a.max_exp_avg_sq + j) : v[u];
+  }
+  for (std::size_t u = 0; u < U; ++u) adam_step<Amsgrad>(p[u], g[u], m[u], v[u], vmax[u], c);
+  for (std::size_t u = 0; u < U; ++u) {
+    const std::size_t j = i + u * kWidth;
+    if constexpr (HasMaster) store(a.master + j, p[u]);
+    if constexpr (Stream) {
+      store_stream(param + j, p[u]);
+    } else {
+      store(param + j, p[u]);
+    }
+    store(a.exp_avg + j, m[u]);
+    store(a.exp_avg_sq + j, v[u]);
+    if constexpr (Amsgrad) store(a.max_exp_avg_sq + j, vmax[u]);
+  }
+}
+
+// `unroll_vectors` vectors per iteration (cpu/kernel.hpp), then one vector at a time,
+// then the scalar tail.
 template <class P, class G, bool Amsgrad, bool Stream, bool HasMaster>
 DOS_LOOP_FN void adam_range_impl(const ::dos::cpu::SegmentArgs& a, std::size_t begin, std::size_t end,
                                  const ::dos::AdamCoefficients<float>& k) {
-  constexpr bool has_master = HasMaster;
+  constexpr std::size_t U = ::dos::cpu::unroll_vectors;
+  const ::dos::AdamCoefficients<Lane> c = broadcast_coefficients(k);
+  std::size_t i = begin;
+  for (; i + U * kWidth <= end; i += U * kWidth) adam_vectors<U, P, G, Amsgrad, Stream, HasMaster>(a, i, c);
+  for (; i + kWidth <= end; i += kWidth) adam_vectors<1, P, G, Amsgrad, Stream, HasMaster>(a, i, c);
   auto* const param = static_cast<P*>(a.param);
   const auto* const grad = static_cast<const G*>(a.grad);
   float* const m_ = a.exp_avg;
   float* const v_ = a.exp_avg_sq;
   float* const vmax_ = a.max_exp_avg_sq;
-
-  const ::dos::AdamCoefficients<Lane> c = broadcast_coefficients(k);
-  // Ask for what the loop reads `prefetch_elements` ahead, once per 64-byte line of
-  // fp32 state (cpu/kernel.hpp says why). The 16-bit copy is only written: not asked for.
-  constexpr std::size_t ahead = ::dos::cpu::prefetch_elements, line = 64 / sizeof(float);
-  std::size_t i = begin;
-  for (; i + kWidth <= end; i += kWidth) {
-    if (i % line < kWidth) {
-      ::dos::cpu::prefetch_ahead(has_master ? static_cast<const void*>(a.master + i) : static_cast<const void*>(param + i),
-                                 ahead * (has_master ? sizeof(float) : sizeof(P)));
-      ::dos::cpu::prefetch_ahead(grad + i, ahead * sizeof(G));
-      ::dos::cpu::prefetch_ahead(m_ + i, ahead * sizeof(float));
-      ::dos::cpu::prefetch_ahead(v_ + i, ahead * sizeof(float));
-      if constexpr (Amsgrad) ::dos::cpu::prefetch_ahead(vmax_ + i, ahead * sizeof(float));
-    }
-    Lane p;
-    if constexpr (has_master) {
-      p = load(a.master + i);
-    } else {
-      p = load(param + i);
-    }
-    Lane m = load(m_ + i);
-    Lane v = load(v_ + i);
-    Lane vmax = Amsgrad ? load(vmax_ + i) : v;
-    adam_step<Amsgrad>(p, load(grad + i), m, v, vmax, c);
-    if constexpr (has_master) store(a.master + i, p);
-    if constexpr (Stream) {
-      store_stream(param + i, p);
-    } else {
-      store(param + i, p);
-    }
-    store(m_ + i, m);
-    store(v_ + i, v);
-    if constexpr (Amsgrad) store(vmax_ + i, vmax);
-  }
   for (; i < end; ++i) {
-    float p = has_master ? a.master[i] : static_cast<float>(param[i]);
+    float p = HasMaster ? a.master[i] : static_cast<float>(param[i]);
     float vmax = Amsgrad ? vmax_[i] : 0.0f;
     adam_step<Amsgrad>(p, static_cast<float>(grad[i]), m_[i], v_[i], vmax, k);
-    if constexpr (has_master) a.master[i] = p;
+    if constexpr (HasMaster) a.master[i] = p;
     param[i] = P(p);
     if constexpr (Amsgrad) vmax_[i] = vmax;
   }

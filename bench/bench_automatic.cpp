@@ -97,6 +97,7 @@ struct Contender {
   std::vector<float> values;
   std::unique_ptr<Optimizer> opt;
   std::vector<double> seconds;  // update time per step
+  std::vector<std::uint32_t> strides;  // the stride each step ran
 };
 
 struct RunResult {
@@ -156,10 +157,23 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
       Contender& c = cs[(i + static_cast<std::size_t>(step)) % cs.size()];
       const dos::StepReport r = c.opt->step();
       c.seconds.push_back(r.update_seconds);
+      c.strides.push_back(r.device_subgroups > 0 ? r.stride : 0);
       if (trace && c.name == "automatic") ks += fmt::format(" {}{}", r.stride, r.explored ? "E" : "");
     }
   }
   if (trace) fmt::print("  automatic k by step:{}\n", ks);
+  if (trace) {
+    // Each automatic step's time over the fixed contender of the same plan in that
+    // round: near 1 when what the policy measured is what that plan takes.
+    const Contender& a = *std::find_if(cs.begin(), cs.end(), [](const Contender& c) { return c.name == "automatic"; });
+    std::string line;
+    for (std::size_t i = 0; i < a.seconds.size(); ++i) {
+      const std::uint32_t k = a.strides[i];
+      const Contender& same = cs[k];  // all_cpu, then stride_1 .. stride_8
+      line += fmt::format(" {}:{:.1f}/{:.2f}", k, a.seconds[i] * 1e3, a.seconds[i] / same.seconds[i]);
+    }
+    fmt::print("  automatic ms / same plan's fixed contender, by step:{}\n", line);
+  }
   if (trace) {
     std::string lates;
     for (const Contender& c : cs) lates += fmt::format(" {} {:.2f}", c.name, late_median(c) * 1e3);

@@ -181,7 +181,7 @@ void paired_case(std::size_t n, unsigned threads, int rounds, const char* type) 
   // step also sees the fp32-shaped probe, which moves as many bytes in other streams.
   const dos::ProbeShape shape = dos::probe_shape_of(dos::dtype_of<T>);
   auto pool = std::make_shared<dos::ThreadPool>(threads);
-  auto arrays = std::make_shared<ProbeArrays>(n);
+  auto arrays = std::make_shared<ProbeArrays>(n, shape != dos::ProbeShape::fp32);
   for (const dos::ProbeVariant variant : dos::probe_variants)
     cs.push_back({fmt::format("probe {}", dos::probe_name(variant)),
                   [pool, arrays, variant, shape] { arrays->pass(*pool, variant, shape); }, true});

@@ -134,8 +134,10 @@ TEST_CASE("every variant has its own name, and the limit is a variant's measured
   const ProbeLimit mixed = measure_probe_limit(pool, arrays, 2, ProbeShape::mixed16);
   CHECK(mixed.elements_per_second > 0);
   CHECK(mixed.shape == ProbeShape::mixed16);
-  // The mixed16 passes read the 16-bit gradient (0x3A83, 0.0010004 in bf16) into m.
-  const double g16 = detail::bits_float(std::uint32_t{0x3A83} << 16);
+  // The mixed16 passes read the 16-bit gradient (0x3B00, 2^-9 in bf16, about twice
+  // the fp32 g) into m, not the fp32 one.
+  const double g16 = detail::bits_float(std::uint32_t{0x3B00} << 16);
+  CHECK(g16 == 1.0 / 512);
   CHECK(arrays.m[0] == doctest::Approx(1e-3 * passes + g16 * passes).epsilon(1e-3));
   CHECK(arrays.copy16[0] == detail::float_bits(arrays.p[0]) >> 16);
 

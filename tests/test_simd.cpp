@@ -77,9 +77,9 @@ template <class P, class G>
 void compare_levels() {
   for (bool amsgrad : {false, true})
     for (int mode = 0; mode < 3; ++mode)
-      // Lengths that end a range in each part of the loop (cpu/isa/segment_loop.inl):
-      // two vectors per iteration, then one vector (24 and 57 for AVX2, 16, 24 and 57
-      // for AVX-512), then the scalar tail.
+      // Lengths whose ranges (run_level splits each in three) reach every part of the
+      // loop (cpu/isa/segment_loop.inl): two vectors per iteration, one vector (AVX2:
+      // n = 16, 24, 33; AVX-512: 24, 33, 57, 1031), the scalar tail.
       for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{16}, std::size_t{24}, std::size_t{33},
                             std::size_t{57}, std::size_t{1031}}) {
         AdamConfig c = mode == 0 ? AdamConfig(AdamW{.lr = 1e-2, .weight_decay = 0.1, .amsgrad = amsgrad})

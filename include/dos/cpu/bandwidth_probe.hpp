@@ -62,9 +62,10 @@ constexpr ProbeShape probe_shape_of(DType value) noexcept {
 
 /// @brief How the probe's loop is built.
 ///
-/// "Non-temporal" means what the step would stream: every store of the `fp32` shape,
-/// and the 16-bit copy of the `mixed16` shape (whose other stores go back to lines it
-/// has just read, where streaming would only evict them).
+/// "Non-temporal": in the `fp32` shape every store streams (a trick the fp32 step does
+/// not use, tried in case it is faster); in the `mixed16` shape the 16-bit copy
+/// streams, as the 16-bit step's does (its other stores go back to lines it has just
+/// read, where streaming would only evict them).
 enum class ProbeVariant : std::uint8_t {
   plain,                       ///< the portable loop, compiled with the consumer's flags
   native,                      ///< vector loop of the widest instruction set here, ordinary stores
@@ -328,12 +329,13 @@ struct ProbeLimit {
   ProbeShape shape = ProbeShape::fp32;  ///< the shape it was measured in
 };
 
-/// @brief The probe's arrays laid out as the optimizer's state is: the four fp32 arrays
-///        in one block on transparent huge pages, `cpu::stream_stagger` apart and
-///        64-byte aligned (so the non-temporal variants stream), and the two 16-bit
-///        arrays of the `mixed16` shape in a block of their own, as a framework's
-///        values and gradients are. The probe then pays no TLB miss and no set
-///        conflict that the step does not.
+/// @brief The probe's arrays laid out much as the optimizer's state is: the four fp32
+///        arrays in one block on transparent huge pages, `cpu::stream_stagger` apart
+///        (64-byte aligned when the count is a multiple of 16, so the non-temporal
+///        variants stream), and the two 16-bit arrays of the `mixed16` shape in a
+///        block of their own, as a framework's values and gradients are. The probe
+///        then pays no TLB miss and no set conflict that the step does not. (The
+///        `mixed16` shape leaves the fp32 `g` unused between its master and m.)
 struct ProbeArrays {
   /// @param count elements per array.
   /// @param with_mixed16 also allocate the 16-bit arrays (a quarter more memory).
@@ -343,7 +345,7 @@ struct ProbeArrays {
         p(array(0)), g(array(1)), m(array(2)), v(array(3)), g16(half(0)), copy16(half(1)) {
     std::fill(p.begin(), p.end(), 1.0f);
     std::fill(g.begin(), g.end(), 1e-3f);
-    std::fill(g16.begin(), g16.end(), std::uint16_t{0x3A83});  // about 1e-3 in bf16
+    std::fill(g16.begin(), g16.end(), std::uint16_t{0x3B00});  // 2^-9 in bf16, unlike g
   }
   /// @brief One pass of @p variant in @p shape over the arrays.
   /// @throws std::invalid_argument for `mixed16` when built without its arrays.

@@ -49,11 +49,12 @@ inline constexpr std::size_t prefetch_elements = 256;
 ///
 /// The loop loads both, steps both, then stores both, so the two independent Adam
 /// chains (a square root and a division each) overlap, and the loop's own overhead is
-/// paid once per two vectors. Each element's arithmetic is unchanged. Measured against one vector per iteration, median of paired rounds:
-/// on the 2-vCPU EPYC VM (AVX2) 1.03-1.13x for bf16 at one thread, 1.01x for fp32; on
-/// the 2-vCPU Xeon VM (AVX-512) 1.014-1.017x for fp32 at one thread, level (0.97-1.00)
+/// paid once per two vectors. Each element's arithmetic is unchanged. Against one
+/// vector per iteration, median of paired rounds: on the 2-vCPU EPYC VM (AVX2, a
+/// scratch build) 1.03-1.13x faster for bf16 at one thread, 1.01x for fp32; on the
+/// 2-vCPU Xeon VM (AVX-512) 1.014-1.017x for fp32 at one thread and 1.00-1.03x
 /// elsewhere. The remainder of a range below two vectors runs one vector, then
-/// scalars, at a time.
+/// scalars.
 inline constexpr std::size_t unroll_vectors = 2;
 
 /// @brief Hints that @p bytes past @p p will be read soon. Never faults, so it may

@@ -259,33 +259,25 @@ using Mixed16Loop = void (*)(float*, const std::uint16_t*, float*, float*, std::
    : (VARIANT) == ProbeVariant::native_streaming_prefetch ? &FAMILY<true, true>           \
                                                           : &FAMILY<false, false>)
 
-inline SimdLevel probe_level(ProbeVariant variant) noexcept {
+// Both shapes' loops of one variant, picked in one place.
+struct ProbeLoops {
+  ProbeLoop fp32;
+  Mixed16Loop mixed16;
+};
+
+inline ProbeLoops probe_loops(ProbeVariant variant) noexcept {
 #if DOS_X86_DISPATCH
-  return variant == ProbeVariant::plain ? SimdLevel::scalar : detect_simd();
+  switch (variant == ProbeVariant::plain ? SimdLevel::scalar : detect_simd()) {
+    case SimdLevel::avx512:
+      return {DOS_PROBE_PICK(probe_avx512, variant), DOS_PROBE_PICK(probe_avx512_mixed16, variant)};
+    case SimdLevel::avx2:
+      return {DOS_PROBE_PICK(probe_avx2, variant), DOS_PROBE_PICK(probe_avx2_mixed16, variant)};
+    default: break;
+  }
 #else
   (void)variant;
-  return SimdLevel::scalar;
 #endif
-}
-
-inline ProbeLoop probe_loop(ProbeVariant variant) noexcept {
-  switch (probe_level(variant)) {
-#if DOS_X86_DISPATCH
-    case SimdLevel::avx512: return DOS_PROBE_PICK(probe_avx512, variant);
-    case SimdLevel::avx2: return DOS_PROBE_PICK(probe_avx2, variant);
-#endif
-    default: return &adam_shaped_pass;
-  }
-}
-
-inline Mixed16Loop mixed16_loop(ProbeVariant variant) noexcept {
-  switch (probe_level(variant)) {
-#if DOS_X86_DISPATCH
-    case SimdLevel::avx512: return DOS_PROBE_PICK(probe_avx512_mixed16, variant);
-    case SimdLevel::avx2: return DOS_PROBE_PICK(probe_avx2_mixed16, variant);
-#endif
-    default: return &mixed16_shaped_pass;
-  }
+  return {&adam_shaped_pass, &mixed16_shaped_pass};
 }
 #undef DOS_PROBE_PICK
 
@@ -306,7 +298,7 @@ void over_chunks(ThreadPool& pool, std::size_t n, Range range) {
 ///        ranges of the same chunks the CPU executor uses.
 inline void adam_shaped_pass(ThreadPool& pool, std::span<float> p, std::span<const float> g, std::span<float> m,
                              std::span<float> v, ProbeVariant variant = ProbeVariant::plain) {
-  const detail::ProbeLoop loop = detail::probe_loop(variant);
+  const detail::ProbeLoop loop = detail::probe_loops(variant).fp32;
   detail::over_chunks(pool, p.size(), [&](std::size_t b, std::size_t e) {
     loop(p.data(), g.data(), m.data(), v.data(), b, e);
   });
@@ -316,7 +308,7 @@ inline void adam_shaped_pass(ThreadPool& pool, std::span<float> p, std::span<con
 inline void mixed16_shaped_pass(ThreadPool& pool, std::span<float> master, std::span<const std::uint16_t> g,
                                 std::span<float> m, std::span<float> v, std::span<std::uint16_t> copy,
                                 ProbeVariant variant = ProbeVariant::plain) {
-  const detail::Mixed16Loop loop = detail::mixed16_loop(variant);
+  const detail::Mixed16Loop loop = detail::probe_loops(variant).mixed16;
   detail::over_chunks(pool, master.size(), [&](std::size_t b, std::size_t e) {
     loop(master.data(), g.data(), m.data(), v.data(), copy.data(), b, e);
   });

@@ -22,7 +22,8 @@
 //
 //   build/release/bench/bench_automatic [--runs 5] [--steps 80] [--sizes 16,64]
 //                                       [--links 0.3,0.6,1,2] [--trace]
-// --trace prints the automatic policy's k step by step (E: an exploring step).
+// --trace prints, for every run, the automatic policy's k step by step (E: an exploring
+// step), each of its steps over the same plan's fixed contender, and the late medians.
 
 #include <dos/optimizer.hpp>
 
@@ -219,7 +220,8 @@ int main(int argc, char** argv) {
       std::vector<double> settled;
       std::string ks, bests;
       for (int run = 0; run < s.runs; ++run) {
-        const RunResult r = run_once(m, elements, grad, s, s.trace && run == 0);
+        if (s.trace) fmt::print("  run {} of link {}, {}M:\n", run + 1, link, size);
+        const RunResult r = run_once(m, elements, grad, s, s.trace);
         best.push_back(r.auto_best);
         cpu.push_back(r.auto_cpu);
         rts.push_back(r.rts_sf);

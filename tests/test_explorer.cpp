@@ -1,118 +1,20 @@
-// StrideExplorer, through AutomaticStride and ResidentThenStride: a scripted cost
-// source stands for the machine (what each stride really takes, step by step) and
-// for the model (what it predicts), so every scenario is deterministic. Properties:
+// StrideExplorer, through AutomaticStride and ResidentThenStride, on a scripted
+// machine (support/scripted_policy.hpp), so every scenario is deterministic. Properties:
 // the choice converges to the truly fastest candidate within a bounded number of
 // steps, exploration never runs a candidate estimated more than twice as slow as the
 // best measured one, and once settled the policy costs at most 2% over the best.
 
-#include "support/inputs.hpp"
+#include "support/scripted_policy.hpp"
 
 #include <doctest/doctest.h>
-#include <dos/schedule/any_policy.hpp>
-#include <dos/schedule/explorer.hpp>
-#include <dos/schedule/policies.hpp>
 
 #include <algorithm>
-#include <functional>
 #include <vector>
 
 using namespace dos;
+using namespace dos::test::scripted;
 
 namespace {
-
-constexpr std::size_t kSubgroups = 16;
-
-std::vector<SubgroupShape> shapes() {
-  const std::size_t n = 1'000'000;
-  return std::vector<SubgroupShape>(kSubgroups, SubgroupShape{.elements = n, .slot_bytes = 16 * n, .upload_bytes = 12 * n,
-                                                              .download_bytes = 12 * n, .cpu_bytes = 28 * n});
-}
-
-// The candidate a plan is: its stride, 0 when it streams nothing.
-std::uint32_t candidate(const Plan& p) {
-  return std::count(p.placement.begin(), p.placement.end(), Place::device) == 0 ? 0 : p.stride;
-}
-
-struct Scenario {
-  std::vector<double> predicted;                         // by k: what the model says
-  std::function<double(std::uint32_t k, int step)> truth;  // what the step takes
-};
-
-struct Run {
-  std::vector<std::uint32_t> k;  // per step
-  std::vector<bool> explored;
-  std::vector<double> seconds;
-  int reckless = 0;  // explorations of a candidate estimated > 2x the best measured
-  AnyPolicy policy;  // as it ended
-  double mean(int from, int to) const {
-    double s = 0;
-    for (int i = from; i < to; ++i) s += seconds[static_cast<std::size_t>(i)];
-    return s / (to - from);
-  }
-};
-
-// Drives @p policy for @p steps as the engine does: choose, run (the script), observe.
-Run drive(AnyPolicy policy, const Scenario& sc, int steps) {
-  const auto sh = shapes();
-  const auto predict = [&](const Plan& p) { return sc.predicted[candidate(p)]; };
-  const HardwareProfile profile{.cpu_rate = 1e9, .device_rate = 1e12, .h2d_bandwidth = 1e10, .d2h_bandwidth = 1e10};
-  const PlanLimits limits{.budget = ~std::size_t{0} / 2, .max_slots = 2};
-  Plan scratch;
-  std::vector<Place> assignment, residency;
-  policy.residency({sh, 0, limits, predict, scratch, assignment}, residency);
-  policy.reserve(sh.size());
-  std::vector<std::vector<double>> seen(sc.predicted.size());  // every measurement, by k
-  const auto estimate = [&](std::uint32_t k) {
-    if (seen[k].empty()) return sc.predicted[k];
-    std::vector<double> last(seen[k].end() - std::min<std::ptrdiff_t>(5, std::ssize(seen[k])), seen[k].end());
-    std::sort(last.begin(), last.end());
-    return last.size() % 2 == 1 ? last[last.size() / 2] : 0.5 * (last[last.size() / 2 - 1] + last[last.size() / 2]);
-  };
-  Run run;
-  StepTimeline t;
-  for (int step = 0; step < steps; ++step) {
-    policy.choose({sh, residency, limits, profile, predict, scratch, assignment}, t.plan);
-    const std::uint32_t k = candidate(t.plan);
-    REQUIRE(k < sc.predicted.size());
-    if (t.plan.explored) {
-      double best = 1e300;
-      for (std::uint32_t c = 0; c < seen.size(); ++c)
-        if (!seen[c].empty()) best = std::min(best, estimate(c));
-      if (estimate(k) > 2 * best * (1 + 1e-12)) ++run.reckless;
-    }
-    t.measured_seconds = sc.truth(k, step);
-    seen[k].push_back(t.measured_seconds);
-    run.k.push_back(k);
-    run.explored.push_back(t.plan.explored);
-    run.seconds.push_back(t.measured_seconds);
-    t.step = step;
-    policy.observe(t);
-  }
-  run.policy = policy;
-  return run;
-}
-
-// Steps [from, to) of @p r.
-Run slice(const Run& r, int from, int to) {
-  Run out = r;
-  for (auto* v : {&out.k}) *v = {v->begin() + from, v->begin() + to};
-  out.explored = {r.explored.begin() + from, r.explored.begin() + to};
-  out.seconds = {r.seconds.begin() + from, r.seconds.begin() + to};
-  return out;
-}
-
-// The first step from which every step that did not explore ran @p best.
-int settled(const Run& r, std::uint32_t best) {
-  int from = 0;
-  for (int i = 0; i < std::ssize(r.k); ++i)
-    if (!r.explored[static_cast<std::size_t>(i)] && r.k[static_cast<std::size_t>(i)] != best) from = i + 1;
-  return from;
-}
-
-// Candidates 0..8 of 16 subgroups with these true times, constant over the steps.
-Scenario fixed(std::vector<double> predicted, std::vector<double> truth) {
-  return {std::move(predicted), [truth = std::move(truth)](std::uint32_t k, int) { return truth[k]; }};
-}
 
 // The policy's settled cost: the mean over the last half, against the best candidate.
 void check_guarantee(const Run& r, const std::vector<double>& truth, int steps) {
@@ -254,30 +156,77 @@ TEST_CASE("property: whatever the model's errors, the settled policy costs at mo
 }
 
 TEST_CASE("a machine whose speed jumps between two levels: the settled policy keeps up with all-CPU") {
-  // The development VMs' memory bandwidth jumps between two levels from minute to
-  // minute: every candidate slows by the same factor for a stretch of steps, with
-  // noise of a few per cent on each step. All-CPU is truly the best, k = 8 and 7 close.
-  const std::vector<double> truth{1.0, 2.5, 1.8, 1.5, 1.3, 1.25, 1.1, 1.07, 1.04};
-  const std::vector<double> predicted{1.0, 1.2, 0.9, 0.8, 0.8, 0.8, 0.85, 0.9, 0.95};
+  // All-CPU truly the best, k = 8 and 7 close; every candidate 1.4x slower in phases
+  // of ~25 steps. A slow phase makes every older measurement look fast.
+  constexpr int steps = 600;
   for (std::uint64_t seed = 1; seed <= 20; ++seed) {
-    test::Rng rng(seed);
-    constexpr int steps = 600;
-    std::vector<double> level(steps), noise(steps);
-    double current = 1;
-    for (int i = 0; i < steps; ++i) {
-      if (rng.below(25) == 0) current = current == 1 ? 1.4 : 1;  // a phase lasts ~25 steps
-      level[static_cast<std::size_t>(i)] = current;
-      noise[static_cast<std::size_t>(i)] = 1 + static_cast<double>(rng.uniform(-0.05f, 0.05f));
-    }
-    const Scenario sc{predicted, [&](std::uint32_t k, int step) {
-                        const auto i = static_cast<std::size_t>(step);
-                        return truth[k] * level[i] * noise[i];
-                      }};
-    const Run r = drive(AutomaticStride{}, sc, steps);
-    double cpu = 0;  // what all-CPU would have taken over the same steps
-    for (int i = steps / 2; i < steps; ++i) cpu += truth[0] * level[static_cast<std::size_t>(i)] * noise[static_cast<std::size_t>(i)];
-    cpu /= steps - steps / 2;
+    const Noisy n = two_level(seed, steps);
+    const Run r = drive(AutomaticStride{}, n.scenario, steps);
     CAPTURE(seed);
-    CHECK(r.mean(steps / 2, steps) <= 1.02 * cpu);
+    CHECK(r.mean(steps / 2, steps) <= 1.02 * n.late_against);
+    CHECK(r.reckless == 0);
   }
+}
+
+TEST_CASE("slow steps in a quarter of the steps: the policy keeps the stride that wins by 9%") {
+  // Two slow steps among k = 8's last five raise its median past all-CPU's, measured
+  // in quiet steps long before; only a duel (the two side by side) may take k = 8's
+  // place, and all-CPU loses it. Medians alone lost k = 8 in 13 of these 20 machines
+  // (docs/design.md, "Choosing the split").
+  // Settling is itself a matter of chance here: three slow steps in a row of k = 8
+  // lose it a duel it then wins back (a return match). Over 200 seeds
+  // (tests/explorer_seeds) the median machine settled by step 14 and 95% by step 55.
+  constexpr int steps = 400;
+  int late = 0;
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    const Noisy n = slow_steps(seed, steps);
+    const Run r = drive(AutomaticStride{}, n.scenario, steps);
+    CAPTURE(seed);
+    CHECK(r.mean(steps / 2, steps) <= 1.02 * n.late_against);
+    CHECK(settled(r, 8) <= steps / 2);
+    late += settled(r, 8) > 40;
+    CHECK(r.reckless == 0);
+  }
+  CHECK(late <= 2);
+}
+
+TEST_CASE("duels: five slow steps in a row of the running candidate do not give its place away") {
+  // k = 8 truly 10% faster than all-CPU. Steps 100-104 run 1.3x slow, whatever they
+  // run: k = 8's median passes all-CPU's, measured in quiet steps. A median-only
+  // choice would switch; a duel, side by side in quiet steps, keeps k = 8.
+  const std::vector<double> truth{1.0, 3.0, 2.5, 2.2, 2.0, 1.8, 1.6, 1.2, 0.9};
+  const std::vector<double> predicted{1.0, 3.0, 2.5, 2.2, 2.0, 1.8, 1.6, 1.2, 0.9};
+  const Scenario sc{predicted, [&](std::uint32_t k, int step) { return truth[k] * (step >= 100 && step < 105 ? 1.3 : 1.0); }};
+  const Run r = drive(AutomaticStride{}, sc, 400);
+  CHECK(settled(r, 8) <= 40);
+  CHECK(r.reckless == 0);
+  // What that cost: every step that ran another candidate after the slow ones was an
+  // explored one (one duel, and re-checks), and there were few.
+  int others = 0;
+  for (int i = 100; i < 400; ++i) {
+    const auto j = static_cast<std::size_t>(i);
+    if (r.k[j] == 8) continue;
+    ++others;
+    CHECK(r.explored[j]);
+  }
+  CHECK(others <= 12);
+}
+
+TEST_CASE("duels: a candidate whose sweep steps were all slow gets its playoff, and takes the place") {
+  // k = 8 truly 9% faster than all-CPU, but each of its sweep steps ran 1.25x slow.
+  // Its fastest step came within `close` of the incumbent's: it meets it right after
+  // the sweep, in quiet steps, and wins.
+  const std::vector<double> truth{1.0, 3.0, 2.5, 2.2, 2.0, 1.8, 1.6, 1.2, 0.91};
+  const std::vector<double> predicted{1.0, 3.0, 2.5, 2.2, 2.0, 1.8, 1.6, 1.2, 1.3};
+  std::vector<int> sweep_steps_of_8;
+  const Scenario sc{predicted, [&](std::uint32_t k, int step) {
+                      const bool slow = k == 8 && step < 27;
+                      if (slow) sweep_steps_of_8.push_back(step);
+                      return truth[k] * (slow ? 1.25 : 1.0);
+                    }};
+  const Run r = drive(AutomaticStride{}, sc, 300);
+  REQUIRE(sweep_steps_of_8.size() >= 3);  // the sweep measured it, slow, enough to trust
+  CHECK(settled(r, 8) <= 60);
+  CHECK(r.mean(150, 300) <= 1.02 * 0.91);
+  CHECK(r.reckless == 0);
 }

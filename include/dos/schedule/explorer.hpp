@@ -28,10 +28,12 @@ namespace dos {
 ///        seconds, thousands of steps long.
 struct ExploreSettings {
   /// Once every candidate worth trying has been measured, at most one step in this
-  /// many runs a candidate other than the best (to re-check it); >= 1.
+  /// many re-checks a candidate other than the best; also the steps before a return
+  /// match, and the first wait after a lost duel (see `StrideExplorer`); >= 1.
   std::uint32_t explore_every = 16;
   /// A candidate close to the best is re-checked this many steps after it was last
-  /// measured; slower ones proportionally later (see `StrideExplorer`); >= 1.
+  /// measured; slower ones proportionally later; also the longest wait after lost
+  /// duels (see `StrideExplorer`); >= 1.
   std::uint32_t stale_after = 200;
   /// Never explore a candidate estimated more than this many times slower than the
   /// best measured one; >= 1.
@@ -50,31 +52,53 @@ struct ExploreSettings {
 };
 
 /// @brief The strides 0 (no streaming) to `max_stride` of one residency, each with the
-///        medians of its last measured steps; chooses the fastest measured, and
-///        explores the others one at a time.
+///        medians of its last measured steps; chooses the fastest measured, explores
+///        the others one at a time, and, once settled, changes its choice only when
+///        another candidate beats it side by side.
 ///
-/// Each step, every candidate's estimate is the median of its last `window` measured
-/// update times (a median, so one slow step does not move it), or the cost model's
-/// prediction while it has none. The step runs the
-/// candidate with the lowest estimate, unless exploring is due: then it runs the
-/// nearest (in k) of the best candidates that are worth measuring: those never
-/// measured, those close to the best and measured fewer than `min_samples` times, and
-/// those whose last measurement is stale (after `stale_after` steps if it was close to
-/// the best or the refined model's prediction for it fell by more than `close`
-/// since, proportionally later the
-/// slower it measured), and the candidate that was the best until the estimates moved,
-/// `explore_every` steps after it lost its place, then at doubling intervals, if it is
-/// close (a slow phase of the machine may have made it look slower). Nothing estimated more
-/// than `max_slowdown` times slower than the best measured candidate is ever run.
-/// While candidates remain unmeasured, exploring is due every step (the model's guess
-/// is not yet checked); afterwards at most once in `explore_every` steps, so the
-/// settled cost is at most `(max_slowdown - 1) / explore_every` of a step, and in
-/// practice far less: re-checking a candidate costs on average at most
-/// `close / stale_after` of a step (0.125% by default).
+/// **The sweep.** Each step, every candidate's estimate is the median of its last
+/// `window` measured update times (a median, so one slow step does not move it), or
+/// the cost model's prediction while it has none. The step runs the candidate with
+/// the lowest estimate, unless exploring is due: then it runs the nearest (in k) of
+/// the best candidates that are worth measuring: those never measured, those close to
+/// the best and measured fewer than `min_samples` times, then those measured once
+/// within twice `close` (one step of a shared machine is no verdict), and those whose
+/// last measurement is stale (after `stale_after` steps if it was close to the best or the
+/// refined model's prediction for it fell by more than `close` since, proportionally
+/// later the slower it measured). Nothing estimated more than `max_slowdown` times
+/// slower than the best measured candidate is ever run. While candidates remain
+/// unmeasured, exploring is due every step (the model's guess is not yet checked);
+/// afterwards at most once in `explore_every` steps, so re-checking a candidate costs
+/// on average at most `close / stale_after` of a step (0.125% by default).
+///
+/// **Duels.** Medians from different times do not compare on a machine whose speed
+/// changes: a run of slow steps raises the running candidate's median and leaves
+/// the others' as they were measured, in quieter times. So once the sweep is over
+/// (`min_samples` steps per candidate), the running candidate (the *incumbent*) gives
+/// its place up only to a candidate that beat it in a *duel*: `duel_length` pairs of
+/// steps, the incumbent then the challenger, the challenger winning only if by more
+/// than `duel_margin` both by its two fastest steps against the incumbent's (steps are
+/// slowed, hardly ever sped up, by the machine's other work) and by the median of the
+/// pairs' ratios (which a phase of the machine beginning mid-duel does not move); or, after
+/// `clear_pairs` pairs, when each of its steps beat each of the incumbent's by the
+/// margin. Duels are fought, in this order of precedence:
+/// - a *return match*, `explore_every` steps after an incumbent lost its place, for it;
+/// - *playoffs*, once each, right after the sweep, for the candidates whose fastest
+///   step came within `close` of the incumbent's (the sweep's few steps of a candidate
+///   may all have been slow ones), fastest first;
+/// - *challenges*, by a candidate whose fastest kept step (a re-check refreshes it)
+///   beat the incumbent's by more than the margin, all-CPU first (it is what the
+///   policy must never be slower than), then the fastest; a challenger that loses may
+///   challenge again only after a wait that doubles with each loss, from
+///   `explore_every` up to `stale_after` steps.
+/// A duel's steps count as explored.
 class StrideExplorer {
  public:
-  static constexpr std::size_t window = 5;       ///< measurements kept per candidate
+  static constexpr std::size_t window = 5;         ///< measurements kept per candidate
   static constexpr std::uint32_t min_samples = 3;  ///< before a close candidate is trusted
+  static constexpr std::size_t duel_length = 4;    ///< pairs of steps in a duel
+  static constexpr std::size_t clear_pairs = 3;    ///< pairs after which a clear win ends a duel
+  static constexpr double duel_margin = 0.01;      ///< what a challenger must win by, as a fraction
 
   /// @brief What is known of one candidate.
   struct Record {
@@ -87,6 +111,10 @@ class StrideExplorer {
     double predicted = 0;                  ///< the model's prediction, this step
     double predicted_then = 0;             ///< the model's prediction when it was last measured
     bool feasible = false;                 ///< its plan fits the staging budget
+    std::int64_t duel_at = 0;              ///< the step from which it may challenge again
+    std::int64_t duel_wait = 0;            ///< the wait after its last lost duel
+    bool dueled = false;                   ///< it has fought a duel, or has no playoff due
+    std::uint32_t fresh_from = 0;          ///< `kept` when its last duel began
 
     /// @brief Median of the kept measurements (copying: the ring keeps its order).
     double median() const noexcept {
@@ -96,6 +124,16 @@ class StrideExplorer {
       for (std::size_t i = 1; i < n; ++i)
         for (std::size_t j = i; j > 0 && s[j - 1] > s[j]; --j) std::swap(s[j - 1], s[j]);
       return n % 2 == 1 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+    }
+    /// @brief The fastest kept measurement since its last duel began (the older ones
+    ///        are what the duel was about): what it takes when the machine leaves it
+    ///        alone, since a step is slowed, hardly ever sped up, by the machine's other
+    ///        work. Infinite if there is none.
+    double fastest() const noexcept {
+      double f = std::numeric_limits<double>::infinity();
+      for (std::uint32_t i = std::max<std::uint32_t>(fresh_from, kept > window ? kept - static_cast<std::uint32_t>(window) : 0u); i < kept; ++i)
+        f = std::min(f, seconds[i % window]);
+      return f;
     }
     /// @brief What this candidate is believed to take: measured where it was.
     double estimate() const noexcept { return kept > 0 ? median() : predicted; }
@@ -112,7 +150,11 @@ class StrideExplorer {
                 Plan& scratch, const ExploreSettings& s) {
     // Strides past the streamable subgroups stream the same single subgroup as the last.
     const auto last = static_cast<std::uint32_t>(std::min<std::size_t>(max_stride, streamable(residency)));
-    if (records_.size() != std::size_t{last} + 1) records_.assign(std::size_t{last} + 1, Record{});
+    if (records_.size() != std::size_t{last} + 1) {
+      records_.assign(std::size_t{last} + 1, Record{});
+      duel_ = last_ran_ = rematch_ = none;
+      playoffs_drawn_ = false;
+    }
     std::string_view reason;
     for (std::uint32_t k = 0; k <= last; ++k) {
       Record& c = records_[k];
@@ -121,9 +163,23 @@ class StrideExplorer {
       if (!c.feasible) reason = scratch.fallback;
     }
     stale_after_ = s.stale_after;
-    const std::uint32_t best = best_candidate();
+    explore_every_ = s.explore_every;
+    std::uint32_t best = best_candidate();
+    // A duel stops if either side no longer fits (the budget changed), and the
+    // challenger loses it if its own steps put it out of reach.
+    if (duel_ != none && (incumbent_ >= records_.size() || !records_[incumbent_].feasible)) duel_ = none;
+    if (duel_ != none && !within_reach(duel_, s)) finish_duel(false);
+    const bool swept = clock_ > static_cast<std::int64_t>(min_samples * records_.size());
+    if (swept && incumbent_ < records_.size() && records_[incumbent_].feasible) {
+      if (!playoffs_drawn_) draw_playoffs(s);
+      if (duel_ == none) next_duel(s);
+      best = incumbent_;
+    }
     bool settling = false;
-    const std::uint32_t target = explore_target(best, s, settling);
+    std::uint32_t target = explore_target(best, s, settling);
+    // A duel: the challenger runs in the step after each step of the incumbent.
+    if (duel_ != none) target = last_ran_ == incumbent_ ? duel_ : incumbent_;
+    // (During the sweep the estimates choose: a new best takes the incumbent's place.)
     if (target == best && incumbent_ < records_.size() && incumbent_ != best) {
       // The best changed because the estimates moved. If the old incumbent only looked
       // slower in a slow phase of the machine, its estimate would stay stale while the
@@ -152,6 +208,16 @@ class StrideExplorer {
     const std::uint32_t k = streamed ? t.plan.stride : 0;
     if ((streamed && k == 0) || k >= records_.size() || !(t.measured_seconds > 0)) return;  // not one of ours
     Record& c = records_[k];
+    if (k == duel_ && last_ran_ == incumbent_ && last_seconds_ > 0) {
+      // One pair of the duel: the challenger and the incumbent in the step before.
+      duel_times_[0][duel_pairs_] = last_seconds_;
+      duel_times_[1][duel_pairs_] = t.measured_seconds;
+      ++duel_pairs_;
+      if (duel_pairs_ == clear_pairs && clear_win()) finish_duel(true);
+      else if (duel_pairs_ == duel_length) finish_duel(challenger_won());
+    }
+    last_ran_ = k;
+    last_seconds_ = t.measured_seconds;
     c.seconds[c.kept % window] = t.measured_seconds;
     ++c.kept;
     ++c.samples;
@@ -176,6 +242,19 @@ class StrideExplorer {
  private:
   static constexpr std::uint32_t none = std::numeric_limits<std::uint32_t>::max();
 
+  // The lowest estimate among the candidates measured; infinite if none is.
+  double measured_best() const noexcept {
+    double best = std::numeric_limits<double>::infinity();
+    for (const Record& c : records_)
+      if (c.feasible && c.kept > 0) best = std::min(best, c.estimate());
+    return best;
+  }
+
+  // Whether candidate k may run at all: nothing far slower than the best measured.
+  bool within_reach(std::uint32_t k, const ExploreSettings& s) const noexcept {
+    return records_[k].feasible && records_[k].estimate() <= s.max_slowdown * measured_best();
+  }
+
   std::uint32_t best_candidate() const {
     std::uint32_t best = 0;
     for (std::uint32_t k = 1; k < records_.size(); ++k)
@@ -185,12 +264,9 @@ class StrideExplorer {
 
   // The candidate to run: the best, or the one to measure if exploring is due.
   std::uint32_t explore_target(std::uint32_t best, const ExploreSettings& s, bool& settling) const {
-    double measured_best = std::numeric_limits<double>::infinity();
-    for (const Record& c : records_)
-      if (c.feasible && c.samples > 0) measured_best = std::min(measured_best, c.estimate());
     // The first step runs the model's best: if the model is right, nothing is lost.
-    if (!std::isfinite(measured_best)) return best;
-    const double known = measured_best;
+    const double known = measured_best();
+    if (!std::isfinite(known)) return best;
     const double best_estimate = records_[best].estimate();
     // How urgently candidate k should run: 0 not at all; unmeasured and unsettled
     // candidates first, nearest to the best first; then stale ones, most overdue first.
@@ -200,12 +276,17 @@ class StrideExplorer {
       if (k == best || !c.feasible || c.estimate() > s.max_slowdown * known) return 0.0;
       const bool close = c.estimate() <= (1 + s.close) * best_estimate;
       // Settling, while the first sweep lasts (a few steps per candidate): candidates
-      // never measured, and close ones measured too few times to trust. Later such a
-      // candidate (one the model had ruled out may come within reach when the machine
-      // slows) waits its turn like a stale one, as if measured before the first step.
+      // never measured, close ones measured too few times to trust, then those whose
+      // one step came within twice `close` (a step of a shared VM may run 1.3-1.5x
+      // slow, whatever it runs: one is no verdict). Later such a candidate (one the
+      // model had ruled out may come within reach when the machine slows) waits its
+      // turn like a stale one, as if measured before the first step.
       const bool sweep = clock_ <= static_cast<std::int64_t>(min_samples * records_.size());
       const double nearness = -std::abs(static_cast<double>(k) - static_cast<double>(best));
       if (sweep && (c.samples == 0 || (close && c.samples < min_samples))) return unsettled + nearness;
+      // (The second step of a near one comes after those: by then the best is known.)
+      const bool near = c.estimate() <= (1 + 2 * s.close) * best_estimate;
+      if (sweep && near && c.samples < 2) return 0.75 * unsettled + nearness;
       // A candidate that lost its place recently is re-checked on its backoff schedule.
       // (Only if close: no slow phase of this machine makes a plan look 25% slower.)
       if (close && c.recheck_at >= 0 && clock_ >= c.recheck_at) return 1e9 + static_cast<double>(clock_ - c.recheck_at);
@@ -233,12 +314,104 @@ class StrideExplorer {
     return due ? target : best;
   }
 
+  // Right after the sweep: which candidates get a playoff (see the class comment).
+  void draw_playoffs(const ExploreSettings& s) {
+    playoffs_drawn_ = true;
+    const double incumbent_fastest = records_[incumbent_].fastest();
+    // The incumbent's own is due if it loses its place (a second return match).
+    for (Record& c : records_) c.dueled = !(c.kept > 0 && c.fastest() <= (1 + s.close) * incumbent_fastest);
+  }
+
+  // Starts the next duel due, if one is (see the class comment for the order).
+  void next_duel(const ExploreSettings& s) {
+    const auto eligible = [&](std::uint32_t k) { return k != incumbent_ && records_[k].kept > 0 && within_reach(k, s); };
+    if (rematch_ != none && clock_ >= rematch_at_) {
+      const std::uint32_t k = std::exchange(rematch_, none);
+      if (eligible(k)) return start_duel(k);
+    }
+    std::uint32_t challenger = none;
+    double lowest = std::numeric_limits<double>::infinity();
+    for (std::uint32_t k = 0; k < records_.size(); ++k)
+      if (eligible(k) && !records_[k].dueled && records_[k].fastest() < lowest) lowest = records_[k].fastest(), challenger = k;
+    if (challenger != none) return start_duel(challenger);
+    lowest = (1 - duel_margin) * records_[incumbent_].fastest();
+    for (std::uint32_t k = 0; k < records_.size() && challenger != 0; ++k)
+      if (eligible(k) && clock_ >= records_[k].duel_at && records_[k].fastest() < lowest)
+        lowest = records_[k].fastest(), challenger = k;
+    if (challenger != none) start_duel(challenger);
+  }
+
+  // The challenger's kept times are what is in doubt: its fastest step is taken from
+  // the duel's steps on.
+  void start_duel(std::uint32_t k) {
+    duel_ = k;
+    duel_pairs_ = 0;
+    records_[k].dueled = true;
+    records_[k].fresh_from = records_[k].kept;
+  }
+
+  // Four numbers in order (an insertion sort: std::sort trips GCC 12's -Warray-bounds).
+  static std::array<double, duel_length> sorted(std::array<double, duel_length> x) noexcept {
+    for (std::size_t i = 1; i < x.size(); ++i)
+      for (std::size_t j = i; j > 0 && x[j - 1] > x[j]; --j) std::swap(x[j - 1], x[j]);
+    return x;
+  }
+
+  // The verdict after `duel_length` pairs: the challenger must win by the margin both
+  // ways, by its two fastest steps against the incumbent's (which no one or two slow
+  // steps move) and by the median of the pairs' ratios (which a phase of the machine
+  // that began or ended during the duel does not move).
+  bool challenger_won() const noexcept {
+    std::array<double, duel_length> ratios{};
+    for (std::size_t i = 0; i < duel_length; ++i) ratios[i] = duel_times_[1][i] / duel_times_[0][i];
+    const auto r = sorted(ratios);
+    const auto challenger = sorted(duel_times_[1]);
+    const auto incumbent = sorted(duel_times_[0]);
+    return challenger[0] + challenger[1] < (1 - duel_margin) * (incumbent[0] + incumbent[1]) &&
+           0.5 * (r[1] + r[2]) < 1 - duel_margin;
+  }
+
+  // After `clear_pairs` pairs, a challenger whose every step beat every step of the
+  // incumbent by the margin has won: a machine that changed needs no longer duels to
+  // follow, and that many slow steps of the incumbent in a row are rare.
+  bool clear_win() const noexcept {
+    const double* c = duel_times_[1].data();
+    const double* i = duel_times_[0].data();
+    return *std::max_element(c, c + clear_pairs) < (1 - duel_margin) * *std::min_element(i, i + clear_pairs);
+  }
+
+  // The duel's verdict: the challenger takes the incumbent's place if it @p won, and
+  // the old incumbent gets a return match (unless one is pending: a chain of wins
+  // follows a machine that changed, and the first incumbent gets its match); the loser
+  // may challenge again only after a wait that doubles.
+  void finish_duel(bool won) {
+    Record& c = records_[duel_];
+    if (won) {
+      if (rematch_ == none) rematch_ = incumbent_, rematch_at_ = clock_ + explore_every_;
+      incumbent_ = duel_;
+      c.duel_wait = 0;
+    } else {
+      c.duel_wait = std::min<std::int64_t>(std::max<std::int64_t>(2 * c.duel_wait, explore_every_), stale_after_);
+      c.duel_at = clock_ + c.duel_wait;
+    }
+    duel_ = none;
+  }
+
   std::vector<Record> records_;
+  std::uint32_t duel_ = none;          // the candidate challenging the incumbent; none: no duel
+  std::uint32_t duel_pairs_ = 0;       // pairs the duel has measured
+  std::array<std::array<double, duel_length>, 2> duel_times_{};  // the duel's steps: incumbent, challenger
+  bool playoffs_drawn_ = false;        // who meets the incumbent after the sweep is decided
+  std::uint32_t rematch_ = none;       // the incumbent that lost its place in a duel
+  std::int64_t rematch_at_ = 0;        // when it gets its return match
+  std::uint32_t last_ran_ = none;      // the candidate the last observed step ran
+  double last_seconds_ = 0;            // and what it took
   std::int64_t clock_ = 0;
   std::int64_t last_explored_ = -1;
   std::int64_t settled_after_ = 0;
   std::uint32_t incumbent_ = none;  // the candidate last run as the best
   std::uint32_t stale_after_ = 0;   // the settings' stale_after, as of the last choice
+  std::uint32_t explore_every_ = 1; // the settings' explore_every, as of the last choice
 };
 
 }  // namespace dos

@@ -74,10 +74,11 @@ struct FixedStride {
 };
 
 /// @brief The stride in 1..max_stride, or no streaming, that measured fastest: every
-///        candidate the model finds worth trying is run and timed, the fastest is kept,
-///        and the others are re-checked now and then (`StrideExplorer`). No streaming
-///        is always a candidate, so the choice never settles on a plan slower than the
-///        all-CPU update it measured.
+///        candidate the model finds worth trying is run and timed, the fastest is kept
+///        until another beats it side by side, and the others are re-checked now and
+///        then (`StrideExplorer`). No streaming is always a candidate, and the first to
+///        challenge, so the choice does not stay on a plan slower than the all-CPU
+///        update it measured.
 struct AutomaticStride {
   std::uint32_t max_stride = 8;  ///< the largest k tried, >= 1
   ExploreSettings explore{};     ///< how often, and what, it explores

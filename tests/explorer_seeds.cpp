@@ -1,0 +1,49 @@
+// The automatic policy on the scripted noisy machines of test_explorer, over as many
+// seeds as asked: how often the late half comes out more than 2% over the candidate it
+// is measured against, the mean and worst ratio, and the steps it took to settle
+// (median, 95th percentile, most). The test checks 20 seeds; this shows the distribution behind them.
+//   build/release/tests/explorer_seeds [seeds=200]
+
+#include "support/scripted_policy.hpp"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+using namespace dos;
+using namespace dos::test::scripted;
+
+int main(int argc, char** argv) {
+  const long seeds = argc > 1 ? std::strtol(argv[1], nullptr, 10) : 200;
+  if (seeds < 1) {
+    fmt::print(stderr, "explorer_seeds: the number of seeds must be a positive integer, got '{}'\n", argv[1]);
+    return 2;
+  }
+  struct Machine {
+    const char* name;
+    Noisy (*make)(std::uint64_t, int);
+    int steps;
+  };
+  fmt::print("{:<12} {:>6} {:>9} {:>8} {:>8} {:>18}\n", "machine", "seeds", "over 2%", "mean", "worst", "settled p50/p95/max");
+  for (const Machine m : {Machine{"two_level", two_level, 600}, Machine{"slow_steps", slow_steps, 400}}) {
+    long over = 0;
+    std::vector<int> settle;
+    double sum = 0, worst = 0;
+    for (long seed = 1; seed <= seeds; ++seed) {
+      const Noisy n = m.make(static_cast<std::uint64_t>(seed), m.steps);
+      const Run r = drive(AutomaticStride{}, n.scenario, m.steps);
+      const double ratio = r.mean(m.steps / 2, m.steps) / n.late_against;
+      over += ratio > 1.02;
+      settle.push_back(settled(r, n.against));
+      sum += ratio;
+      worst = std::max(worst, ratio);
+    }
+    std::sort(settle.begin(), settle.end());
+    const auto at = [&](double q) { return settle[static_cast<std::size_t>(q * static_cast<double>(settle.size() - 1))]; };
+    fmt::print("{:<12} {:>6} {:>9} {:>8.4f} {:>8.4f} {:>18}\n", m.name, seeds, over, sum / static_cast<double>(seeds), worst,
+               fmt::format("{}/{}/{}", at(0.5), at(0.95), settle.back()));
+  }
+}

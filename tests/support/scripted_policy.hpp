@@ -1,0 +1,158 @@
+#pragma once
+// A scripted machine for the automatic policies (StrideExplorer): a cost source stands
+// for the machine (what each stride really takes, step by step) and for the model
+// (what it predicts), so every scenario is deterministic. Shared by test_explorer and
+// explorer_seeds (the noisy scenarios over as many seeds as asked).
+
+#include "support/inputs.hpp"
+
+#include <dos/schedule/any_policy.hpp>
+#include <dos/schedule/explorer.hpp>
+#include <dos/schedule/policies.hpp>
+
+#include <algorithm>
+#include <functional>
+#include <stdexcept>
+#include <vector>
+
+namespace dos::test::scripted {
+
+
+constexpr std::size_t kSubgroups = 16;
+
+inline std::vector<SubgroupShape> shapes() {
+  const std::size_t n = 1'000'000;
+  return std::vector<SubgroupShape>(kSubgroups, SubgroupShape{.elements = n, .slot_bytes = 16 * n, .upload_bytes = 12 * n,
+                                                              .download_bytes = 12 * n, .cpu_bytes = 28 * n});
+}
+
+// The candidate a plan is: its stride, 0 when it streams nothing.
+inline std::uint32_t candidate(const Plan& p) {
+  return std::count(p.placement.begin(), p.placement.end(), Place::device) == 0 ? 0 : p.stride;
+}
+
+struct Scenario {
+  std::vector<double> predicted;                         // by k: what the model says
+  std::function<double(std::uint32_t k, int step)> truth;  // what the step takes
+};
+
+struct Run {
+  std::vector<std::uint32_t> k;  // per step
+  std::vector<bool> explored;
+  std::vector<double> seconds;
+  int reckless = 0;  // explorations of a candidate estimated > 2x the best measured
+  AnyPolicy policy;  // as it ended
+  double mean(int from, int to) const {
+    double s = 0;
+    for (int i = from; i < to; ++i) s += seconds[static_cast<std::size_t>(i)];
+    return s / (to - from);
+  }
+};
+
+// Drives @p policy for @p steps as the engine does: choose, run (the script), observe.
+inline Run drive(AnyPolicy policy, const Scenario& sc, int steps) {
+  const auto sh = shapes();
+  const auto predict = [&](const Plan& p) { return sc.predicted[candidate(p)]; };
+  const HardwareProfile profile{.cpu_rate = 1e9, .device_rate = 1e12, .h2d_bandwidth = 1e10, .d2h_bandwidth = 1e10};
+  const PlanLimits limits{.budget = ~std::size_t{0} / 2, .max_slots = 2};
+  Plan scratch;
+  std::vector<Place> assignment, residency;
+  policy.residency({sh, 0, limits, predict, scratch, assignment}, residency);
+  policy.reserve(sh.size());
+  std::vector<std::vector<double>> seen(sc.predicted.size());  // every measurement, by k
+  const auto estimate = [&](std::uint32_t k) {
+    if (seen[k].empty()) return sc.predicted[k];
+    std::vector<double> last(seen[k].end() - std::min<std::ptrdiff_t>(5, std::ssize(seen[k])), seen[k].end());
+    std::sort(last.begin(), last.end());
+    return last.size() % 2 == 1 ? last[last.size() / 2] : 0.5 * (last[last.size() / 2 - 1] + last[last.size() / 2]);
+  };
+  Run run;
+  StepTimeline t;
+  for (int step = 0; step < steps; ++step) {
+    policy.choose({sh, residency, limits, profile, predict, scratch, assignment}, t.plan);
+    const std::uint32_t k = candidate(t.plan);
+    if (k >= sc.predicted.size()) throw std::logic_error("the policy chose a candidate the scenario does not have");
+    if (t.plan.explored) {
+      double best = 1e300;
+      for (std::uint32_t c = 0; c < seen.size(); ++c)
+        if (!seen[c].empty()) best = std::min(best, estimate(c));
+      if (estimate(k) > 2 * best * (1 + 1e-12)) ++run.reckless;
+    }
+    t.measured_seconds = sc.truth(k, step);
+    seen[k].push_back(t.measured_seconds);
+    run.k.push_back(k);
+    run.explored.push_back(t.plan.explored);
+    run.seconds.push_back(t.measured_seconds);
+    t.step = step;
+    policy.observe(t);
+  }
+  run.policy = policy;
+  return run;
+}
+
+// Steps [from, to) of @p r.
+inline Run slice(const Run& r, int from, int to) {
+  Run out = r;
+  for (auto* v : {&out.k}) *v = {v->begin() + from, v->begin() + to};
+  out.explored = {r.explored.begin() + from, r.explored.begin() + to};
+  out.seconds = {r.seconds.begin() + from, r.seconds.begin() + to};
+  return out;
+}
+
+// The first step from which every step that did not explore ran @p best.
+inline int settled(const Run& r, std::uint32_t best) {
+  int from = 0;
+  for (int i = 0; i < std::ssize(r.k); ++i)
+    if (!r.explored[static_cast<std::size_t>(i)] && r.k[static_cast<std::size_t>(i)] != best) from = i + 1;
+  return from;
+}
+
+// Candidates 0..8 of 16 subgroups with these true times, constant over the steps.
+inline Scenario fixed(std::vector<double> predicted, std::vector<double> truth) {
+  return {std::move(predicted), [truth = std::move(truth)](std::uint32_t k, int) { return truth[k]; }};
+}
+
+// The noisy machines, by seed: a scenario over `steps` steps, and what the
+// candidate it is measured against (`against`) would have taken over the late half.
+struct Noisy {
+  Scenario scenario;
+  std::uint32_t against = 0;
+  double late_against = 0;  // mean seconds of `against` over steps [steps / 2, steps)
+};
+
+// The development VMs' memory bandwidth jumps between two levels from minute to minute:
+// every candidate slows by 1.4x for stretches of ~25 steps, with noise of +-5% on each
+// step. All-CPU is truly the best, k = 8 4% behind and k = 7 7%.
+inline Noisy two_level(std::uint64_t seed, int steps) {
+  static const std::vector<double> truth{1.0, 2.5, 1.8, 1.5, 1.3, 1.25, 1.1, 1.07, 1.04};
+  static const std::vector<double> predicted{1.0, 1.2, 0.9, 0.8, 0.8, 0.8, 0.85, 0.9, 0.95};
+  Rng rng(seed);
+  std::vector<double> factor(static_cast<std::size_t>(steps));
+  double level = 1;
+  for (double& f : factor) {
+    if (rng.below(25) == 0) level = level == 1 ? 1.4 : 1;
+    f = level * (1 + static_cast<double>(rng.uniform(-0.05f, 0.05f)));
+  }
+  Noisy n{{predicted, [factor](std::uint32_t k, int step) { return truth[k] * factor[static_cast<std::size_t>(step)]; }}, 0, 0};
+  for (int i = steps / 2; i < steps; ++i) n.late_against += truth[0] * factor[static_cast<std::size_t>(i)];
+  n.late_against /= steps - steps / 2;
+  return n;
+}
+
+// Seen on the 2-vCPU Xeon VM with the emulated device: k = 8 9% faster than all-CPU,
+// and a quarter of the steps 15-35% slow, whatever they ran (the machine's other work).
+inline Noisy slow_steps(std::uint64_t seed, int steps) {
+  static const std::vector<double> truth{1.0, 3.1, 1.85, 1.6, 1.37, 1.32, 1.05, 1.1, 0.91};
+  static const std::vector<double> predicted{1.0, 2.8, 1.5, 1.2, 1.05, 0.98, 0.9, 0.92, 0.95};
+  Rng rng(seed);
+  std::vector<double> factor(static_cast<std::size_t>(steps));
+  for (double& f : factor)
+    f = rng.below(4) == 0 ? 1.15 + 0.2 * static_cast<double>(rng.uniform(0.0f, 1.0f))
+                          : 1 + static_cast<double>(rng.uniform(-0.02f, 0.02f));
+  Noisy n{{predicted, [factor](std::uint32_t k, int step) { return truth[k] * factor[static_cast<std::size_t>(step)]; }}, 8, 0};
+  for (int i = steps / 2; i < steps; ++i) n.late_against += truth[8] * factor[static_cast<std::size_t>(i)];
+  n.late_against /= steps - steps / 2;
+  return n;
+}
+
+}  // namespace dos::test::scripted

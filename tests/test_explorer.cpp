@@ -175,7 +175,7 @@ TEST_CASE("slow steps in a quarter of the steps: the policy keeps the stride tha
   // (docs/design.md, "Choosing the split").
   // Settling is itself a matter of chance here: three slow steps in a row of k = 8
   // lose it a duel it then wins back (a return match). Over 200 seeds
-  // (tests/explorer_seeds) the median machine settled by step 14 and 95% by step 55.
+  // (tests/explorer_seeds) the median machine settled by step 14 and 95% by step 41.
   constexpr int steps = 400;
   int late = 0;
   for (std::uint64_t seed = 1; seed <= 20; ++seed) {
@@ -228,5 +228,28 @@ TEST_CASE("duels: a candidate whose sweep steps were all slow gets its playoff, 
   REQUIRE(sweep_steps_of_8.size() >= 3);  // the sweep measured it, slow, enough to trust
   CHECK(settled(r, 8) <= 60);
   CHECK(r.mean(150, 300) <= 1.02 * 0.91);
+  CHECK(r.reckless == 0);
+}
+
+TEST_CASE("duels: a running candidate that falls far behind is challenged at once, however long all-CPU must wait") {
+  // k = 8 truly 10% faster than all-CPU. Runs of six slow steps from 100, 150 and 230
+  // each set off a challenge by all-CPU, which it loses: its wait doubles to over a
+  // hundred steps. At step 260 k = 8 becomes 3x slower for good (another job took
+  // the link): more than `max_slowdown` behind all-CPU, it must not run on until the
+  // wait is over.
+  const std::vector<double> truth{1.0, 3.0, 2.5, 2.2, 2.0, 1.8, 1.6, 1.2, 0.9};
+  constexpr int steps = 400, change = 260;
+  const auto slow_run = [](int step) { return (step >= 100 && step < 106) || (step >= 150 && step < 156) || (step >= 230 && step < 236); };
+  const Scenario sc{truth, [&](std::uint32_t k, int step) {
+                      if (k == 8 && step >= change) return 3 * truth[8];
+                      return truth[k] * (slow_run(step) ? 1.3 : 1.0);
+                    }};
+  const Run r = drive(AutomaticStride{}, sc, steps);
+  CHECK(settled(slice(r, 0, change), 8) <= 40);
+  // The waits did build up: the same machine, stopped at the change.
+  const Run before = drive(AutomaticStride{}, sc, change);
+  const StrideExplorer& e = before.policy.target<AutomaticStride>()->explorer;
+  CHECK(e.records()[0].duel_at >= change + 50);
+  CHECK(settled(slice(r, change, steps), 0) <= 12);
   CHECK(r.reckless == 0);
 }

@@ -66,7 +66,7 @@ struct ExploreSettings {
 /// last measurement is stale (after `stale_after` steps if it was close to the best or the
 /// refined model's prediction for it fell by more than `close` since, proportionally
 /// later the slower it measured). Nothing estimated more than `max_slowdown` times
-/// slower than the best measured candidate is ever run. While candidates remain
+/// slower than the best measured candidate is ever explored. While candidates remain
 /// unmeasured, exploring is due every step (the model's guess is not yet checked);
 /// afterwards at most once in `explore_every` steps, so re-checking a candidate costs
 /// on average at most `close / stale_after` of a step (0.125% by default).
@@ -82,7 +82,8 @@ struct ExploreSettings {
 /// pairs' ratios (which a phase of the machine beginning mid-duel does not move); or, after
 /// `clear_pairs` pairs, when each of its steps beat each of the incumbent's by the
 /// margin. Duels are fought, in this order of precedence:
-/// - a *return match*, `explore_every` steps after an incumbent lost its place, for it;
+/// - a *return match*, `explore_every` steps after an incumbent lost its place, for it
+///   (it does not challenge before);
 /// - *playoffs*, once each, right after the sweep, for the candidates whose fastest
 ///   step came within `close` of the incumbent's (the sweep's few steps of a candidate
 ///   may all have been slow ones), fastest first;
@@ -91,7 +92,9 @@ struct ExploreSettings {
 ///   policy must never be slower than), then the fastest; a challenger that loses may
 ///   challenge again only after a wait that doubles with each loss, from
 ///   `explore_every` up to `stale_after` steps.
-/// A duel's steps count as explored.
+/// The challenger's steps in a duel count as explored. A running candidate that
+/// measures more than `max_slowdown` times slower than the best measured one is
+/// challenged at once by that one, whatever the waits.
 class StrideExplorer {
  public:
   static constexpr std::size_t window = 5;         ///< measurements kept per candidate
@@ -123,6 +126,7 @@ class StrideExplorer {
       // Insertion sort: five elements (std::sort trips GCC 12's -Warray-bounds here).
       for (std::size_t i = 1; i < n; ++i)
         for (std::size_t j = i; j > 0 && s[j - 1] > s[j]; --j) std::swap(s[j - 1], s[j]);
+      if (n == 0) return std::numeric_limits<double>::quiet_NaN();
       return n % 2 == 1 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
     }
     /// @brief The fastest kept measurement since its last duel began (the older ones
@@ -151,9 +155,11 @@ class StrideExplorer {
     // Strides past the streamable subgroups stream the same single subgroup as the last.
     const auto last = static_cast<std::uint32_t>(std::min<std::size_t>(max_stride, streamable(residency)));
     if (records_.size() != std::size_t{last} + 1) {
+      // New candidates (the first step, or a new residency): everything starts afresh.
       records_.assign(std::size_t{last} + 1, Record{});
-      duel_ = last_ran_ = rematch_ = none;
+      duel_ = last_ran_ = rematch_ = incumbent_ = none;
       playoffs_drawn_ = false;
+      sweep_end_ = clock_ + static_cast<std::int64_t>(min_samples * records_.size());
     }
     std::string_view reason;
     for (std::uint32_t k = 0; k <= last; ++k) {
@@ -169,7 +175,7 @@ class StrideExplorer {
     // challenger loses it if its own steps put it out of reach.
     if (duel_ != none && (incumbent_ >= records_.size() || !records_[incumbent_].feasible)) duel_ = none;
     if (duel_ != none && !within_reach(duel_, s)) finish_duel(false);
-    const bool swept = clock_ > static_cast<std::int64_t>(min_samples * records_.size());
+    const bool swept = clock_ > sweep_end_;
     if (swept && incumbent_ < records_.size() && records_[incumbent_].feasible) {
       if (!playoffs_drawn_) draw_playoffs(s);
       if (duel_ == none) next_duel(s);
@@ -235,8 +241,9 @@ class StrideExplorer {
   std::int64_t steps() const noexcept { return clock_; }
   /// @brief The last step that explored; -1 if none has.
   std::int64_t last_explored() const noexcept { return last_explored_; }
-  /// @brief Steps it took to settle: the step after the last one that explored a
-  ///        candidate never measured (or measured too few times to trust); 0 if none.
+  /// @brief Steps it took to settle: the step after the last one that explored in the
+  ///        sweep or that changed the running candidate after it (a duel won); 0 if
+  ///        none.
   std::int64_t settled_after() const noexcept { return settled_after_; }
 
  private:
@@ -281,7 +288,7 @@ class StrideExplorer {
       // slow, whatever it runs: one is no verdict). Later such a candidate (one the
       // model had ruled out may come within reach when the machine slows) waits its
       // turn like a stale one, as if measured before the first step.
-      const bool sweep = clock_ <= static_cast<std::int64_t>(min_samples * records_.size());
+      const bool sweep = clock_ <= sweep_end_;
       const double nearness = -std::abs(static_cast<double>(k) - static_cast<double>(best));
       if (sweep && (c.samples == 0 || (close && c.samples < min_samples))) return unsettled + nearness;
       // (The second step of a near one comes after those: by then the best is known.)
@@ -318,18 +325,24 @@ class StrideExplorer {
   void draw_playoffs(const ExploreSettings& s) {
     playoffs_drawn_ = true;
     const double incumbent_fastest = records_[incumbent_].fastest();
-    // The incumbent's own is due if it loses its place (a second return match).
     for (Record& c : records_) c.dueled = !(c.kept > 0 && c.fastest() <= (1 + s.close) * incumbent_fastest);
   }
 
   // Starts the next duel due, if one is (see the class comment for the order).
   void next_duel(const ExploreSettings& s) {
     const auto eligible = [&](std::uint32_t k) { return k != incumbent_ && records_[k].kept > 0 && within_reach(k, s); };
-    if (rematch_ != none && clock_ >= rematch_at_) {
-      const std::uint32_t k = std::exchange(rematch_, none);
-      if (eligible(k)) return start_duel(k);
-    }
     std::uint32_t challenger = none;
+    if (!within_reach(incumbent_, s)) {
+      // The running candidate fell far behind the best measured one (the machine
+      // changed): that one challenges it now, whatever the waits.
+      double lowest = std::numeric_limits<double>::infinity();
+      for (std::uint32_t k = 0; k < records_.size(); ++k)
+        if (eligible(k) && records_[k].estimate() < lowest) lowest = records_[k].estimate(), challenger = k;
+      if (challenger != none) return start_duel(challenger);
+    }
+    if (rematch_ == incumbent_) rematch_ = none;  // it won its place back meanwhile
+    if (rematch_ != none && clock_ >= rematch_at_ && eligible(rematch_))  // else it stays due
+      return start_duel(std::exchange(rematch_, none));
     double lowest = std::numeric_limits<double>::infinity();
     for (std::uint32_t k = 0; k < records_.size(); ++k)
       if (eligible(k) && !records_[k].dueled && records_[k].fastest() < lowest) lowest = records_[k].fastest(), challenger = k;
@@ -342,10 +355,12 @@ class StrideExplorer {
   }
 
   // The challenger's kept times are what is in doubt: its fastest step is taken from
-  // the duel's steps on.
+  // the duel's steps on. The incumbent runs first, so that no step of it from before
+  // the duel (perhaps a slow one that set the challenge off) is in the first pair.
   void start_duel(std::uint32_t k) {
     duel_ = k;
     duel_pairs_ = 0;
+    last_ran_ = none;
     records_[k].dueled = true;
     records_[k].fresh_from = records_[k].kept;
   }
@@ -382,12 +397,17 @@ class StrideExplorer {
 
   // The duel's verdict: the challenger takes the incumbent's place if it @p won, and
   // the old incumbent gets a return match (unless one is pending: a chain of wins
-  // follows a machine that changed, and the first incumbent gets its match); the loser
-  // may challenge again only after a wait that doubles.
+  // follows a machine that changed, and the first incumbent gets its match), before
+  // which it does not challenge; the loser may challenge again only after a wait
+  // that doubles.
   void finish_duel(bool won) {
     Record& c = records_[duel_];
+    if (won) settled_after_ = clock_;
     if (won) {
       if (rematch_ == none) rematch_ = incumbent_, rematch_at_ = clock_ + explore_every_;
+      Record& old = records_[incumbent_];
+      old.dueled = true;  // its return match stands for its playoff
+      old.duel_at = clock_ + explore_every_;
       incumbent_ = duel_;
       c.duel_wait = 0;
     } else {
@@ -402,6 +422,7 @@ class StrideExplorer {
   std::uint32_t duel_pairs_ = 0;       // pairs the duel has measured
   std::array<std::array<double, duel_length>, 2> duel_times_{};  // the duel's steps: incumbent, challenger
   bool playoffs_drawn_ = false;        // who meets the incumbent after the sweep is decided
+  std::int64_t sweep_end_ = 0;         // the last step of the sweep
   std::uint32_t rematch_ = none;       // the incumbent that lost its place in a duel
   std::int64_t rematch_at_ = 0;        // when it gets its return match
   std::uint32_t last_ran_ = none;      // the candidate the last observed step ran

@@ -24,6 +24,16 @@
 
 namespace dos {
 
+namespace detail {
+/// Sorts the first @p n of a few numbers in place: an insertion sort, since std::sort
+/// trips GCC 12's -Warray-bounds on arrays this small.
+template <std::size_t N>
+constexpr void sort_first(std::array<double, N>& x, std::size_t n) noexcept {
+  for (std::size_t i = 1; i < n; ++i)
+    for (std::size_t j = i; j > 0 && x[j - 1] > x[j]; --j) std::swap(x[j - 1], x[j]);
+}
+}  // namespace detail
+
 /// @brief How a measured choice explores; the defaults suit steps of milliseconds to
 ///        seconds, thousands of steps long.
 struct ExploreSettings {
@@ -123,9 +133,7 @@ class StrideExplorer {
     double median() const noexcept {
       std::array<double, window> s = seconds;
       const std::size_t n = std::min<std::size_t>(kept, window);
-      // Insertion sort: five elements (std::sort trips GCC 12's -Warray-bounds here).
-      for (std::size_t i = 1; i < n; ++i)
-        for (std::size_t j = i; j > 0 && s[j - 1] > s[j]; --j) std::swap(s[j - 1], s[j]);
+      detail::sort_first(s, n);
       if (n == 0) return std::numeric_limits<double>::quiet_NaN();
       return n % 2 == 1 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
     }
@@ -174,11 +182,12 @@ class StrideExplorer {
     // A duel stops if either side no longer fits (the budget changed), and the
     // challenger loses it if its own steps put it out of reach.
     if (duel_ != none && (incumbent_ >= records_.size() || !records_[incumbent_].feasible)) duel_ = none;
-    if (duel_ != none && !within_reach(duel_, s)) finish_duel(false);
+    const double reach = s.max_slowdown * measured_best();
+    if (duel_ != none && !within_reach(duel_, reach)) finish_duel(false);
     const bool swept = clock_ > sweep_end_;
     if (swept && incumbent_ < records_.size() && records_[incumbent_].feasible) {
       if (!playoffs_drawn_) draw_playoffs(s);
-      if (duel_ == none) next_duel(s);
+      if (duel_ == none) next_duel(reach);
       best = incumbent_;
     }
     bool settling = false;
@@ -257,9 +266,10 @@ class StrideExplorer {
     return best;
   }
 
-  // Whether candidate k may run at all: nothing far slower than the best measured.
-  bool within_reach(std::uint32_t k, const ExploreSettings& s) const noexcept {
-    return records_[k].feasible && records_[k].estimate() <= s.max_slowdown * measured_best();
+  // Whether candidate k may run at all: nothing slower than @p reach, `max_slowdown`
+  // times the best measured estimate.
+  bool within_reach(std::uint32_t k, double reach) const noexcept {
+    return records_[k].feasible && records_[k].estimate() <= reach;
   }
 
   std::uint32_t best_candidate() const {
@@ -329,10 +339,10 @@ class StrideExplorer {
   }
 
   // Starts the next duel due, if one is (see the class comment for the order).
-  void next_duel(const ExploreSettings& s) {
-    const auto eligible = [&](std::uint32_t k) { return k != incumbent_ && records_[k].kept > 0 && within_reach(k, s); };
+  void next_duel(double reach) {
+    const auto eligible = [&](std::uint32_t k) { return k != incumbent_ && records_[k].kept > 0 && within_reach(k, reach); };
     std::uint32_t challenger = none;
-    if (!within_reach(incumbent_, s)) {
+    if (!within_reach(incumbent_, reach)) {
       // The running candidate fell far behind the best measured one (the machine
       // changed): that one challenges it now, whatever the waits.
       double lowest = std::numeric_limits<double>::infinity();
@@ -365,10 +375,9 @@ class StrideExplorer {
     records_[k].fresh_from = records_[k].kept;
   }
 
-  // Four numbers in order (an insertion sort: std::sort trips GCC 12's -Warray-bounds).
+  // A duel side's four numbers, in order.
   static std::array<double, duel_length> sorted(std::array<double, duel_length> x) noexcept {
-    for (std::size_t i = 1; i < x.size(); ++i)
-      for (std::size_t j = i; j > 0 && x[j - 1] > x[j]; --j) std::swap(x[j - 1], x[j]);
+    detail::sort_first(x, x.size());
     return x;
   }
 
@@ -402,8 +411,8 @@ class StrideExplorer {
   // that doubles.
   void finish_duel(bool won) {
     Record& c = records_[duel_];
-    if (won) settled_after_ = clock_;
     if (won) {
+      settled_after_ = clock_;
       if (rematch_ == none) rematch_ = incumbent_, rematch_at_ = clock_ + explore_every_;
       Record& old = records_[incumbent_];
       old.dueled = true;  // its return match stands for its playoff

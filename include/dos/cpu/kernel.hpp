@@ -35,15 +35,20 @@ struct SegmentDesc {
 };
 
 /// @brief How far ahead of the element it updates a kernel asks for each array it
-///        reads: 256 elements, 1 KiB of an fp32 array.
+///        reads: 512 elements, 2 KiB of an fp32 array.
 ///
 /// One core streams four to six arrays at once (value or master, gradient, m, v, and
 /// vmax), more than its hardware prefetchers keep ahead of, so without help a 1-thread
-/// step waits on memory between bursts. Measured on the 2-vCPU EPYC VM (median of
-/// paired rounds, against the same step without it): 1.07-1.09x for fp32 and
+/// step waits on memory between bursts. Measured on the 2-vCPU EPYC VM (AVX2; median
+/// of paired rounds, against the same step without it): 1.07-1.09x for fp32 and
 /// 1.15-1.26x for bf16 at 1 thread, 1.04x and 1.12x at 2, 16M and 128M elements;
-/// 128 to 1024 elements ahead did about as well. A prefetch changes no arithmetic.
-inline constexpr std::size_t prefetch_elements = 256;
+/// 128 to 1024 elements ahead did about as well there. On the 2-vCPU Zen 5 VM (AVX-512,
+/// about 50 GB/s from one core) the distance mattered: the 1-thread bf16 step ran
+/// 1.04-1.07x faster at 512 than at 256 and 0.88-0.93x at 128 (against the same probe,
+/// paired); fp32 and two threads moved within noise. One core must keep its streams'
+/// bandwidth times latency in flight, and a faster core needs more. A prefetch changes
+/// no arithmetic.
+inline constexpr std::size_t prefetch_elements = 512;
 
 /// @brief How many vectors a kernel's loop takes per iteration: two.
 ///

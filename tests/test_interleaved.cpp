@@ -11,6 +11,7 @@
 #include <dos/optimizer.hpp>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -183,14 +184,75 @@ TEST_CASE("bad input: invalid policies are rejected with messages that name them
       DeviceOptimizer(device.groups(), device_options(StaticFraction{1.5}, 128)),
       "dos: policy fraction must be in [0, 1], got 1.5", std::invalid_argument);
   DeviceOptimizer opt(device.groups(), device_options(FixedStride{2}, 128));
-  CHECK_THROWS_WITH_AS(opt.set_policy(StaticFraction{}),
-                       "dos: policy static_fraction would keep other subgroups resident than policy fixed_stride, "
-                       "chosen at construction; residency cannot change after construction",
-                       std::invalid_argument);
   CHECK_THROWS_WITH_AS(opt.set_policy(AutomaticStride{0}),
                        "dos: policy max_stride must be >= 1, got 0", std::invalid_argument);
   REQUIRE(opt.policy().target<FixedStride>() != nullptr);
   CHECK(opt.policy().target<FixedStride>()->stride == 2);
+}
+
+TEST_CASE("set_policy moves subgroups in and out of residency between steps; the bits stay the all-CPU backend's") {
+  // Residents grow, shrink, vanish, fill the device, and come back under policies of
+  // every kind; with and without the backward-phase API, whose plan is chosen ahead.
+  const std::vector<std::pair<int, AnyPolicy>> changes{
+      {4, StaticFraction{0.5}}, {8, StaticFraction{0.25}}, {12, AllCpu{}},         {16, StaticFraction{1.0}},
+      {20, FixedStride{2}},     {24, ResidentThenStride{}}, {28, StaticFraction{0.3}}};
+  for (const bool backward : {false, true})
+    for (const std::size_t count : {8u, 13u}) {
+      CAPTURE(backward);
+      CAPTURE(count);
+      const auto specs = test::one_per_subgroup(count, 256, 41 + count);
+      test::Drive drive;
+      drive.policies = changes;
+      drive.backward_api = backward;
+      const auto reports = compare_trajectories(specs, StaticFraction{0.75}, 256, 0, 32, count, drive);
+      const auto residents = [&](double f) { return static_cast<std::size_t>(std::lround(f * double(count))); };
+      CHECK(reports[0].device_subgroups == residents(0.75));
+      CHECK(reports[4].device_subgroups == residents(0.5));
+      CHECK(reports[8].device_subgroups == residents(0.25));
+      CHECK(reports[12].device_subgroups == 0);
+      CHECK(reports[16].device_subgroups == count);
+      CHECK(reports[20].device_subgroups == (count + 1) / 2);
+      CHECK(reports[28].device_subgroups == residents(0.3));
+    }
+}
+
+namespace {
+// Keeps the subgroups it is told resident, or a residency of the wrong length.
+struct Residents {
+  std::vector<Place> places;
+  std::string_view name() const { return "residents"; }
+  void validate() const {}
+  void residency(const ResidencyRequest&, std::vector<Place>& out) const { out = places; }
+  double choose(const PlanRequest& r, Plan& plan) { return detail::stride_plan(r, r.residency, plan, 0); }
+};
+}  // namespace
+
+TEST_CASE("bad input: a residency of the wrong shape, or changed during backward, is refused and changes nothing") {
+  const auto specs = test::one_per_subgroup(4, 128, 3);
+  MixedModel device(specs, two_groups);
+  const std::vector<Place> first_resident{Place::resident, Place::cpu, Place::cpu, Place::cpu};
+  CHECK_THROWS_WITH_AS(DeviceOptimizer(device.groups(), device_options(Residents{{Place::resident}}, 128)),
+                       "dos: policy residents chose a residency of 1 places for 4 subgroups", std::invalid_argument);
+  DeviceOptimizer opt(device.groups(), device_options(Residents{first_resident}, 128));
+  CHECK(opt.residency() == first_resident);
+  CHECK_THROWS_WITH_AS(opt.set_policy(Residents{{Place::cpu, Place::device, Place::cpu, Place::cpu}}),
+                       "dos: policy residents chose place 1 for subgroup 1; a residency is resident or cpu",
+                       std::invalid_argument);
+  CHECK(opt.residency() == first_resident);
+  device.set_gradients(1);
+  opt.begin_backward();
+  CHECK_THROWS_WITH_AS(opt.set_policy(AllCpu{}),
+                       "dos: policy all_cpu would keep other subgroups resident than policy residents, and the "
+                       "coming step's plan is already chosen: change the residency before begin_backward() or after "
+                       "step()",
+                       std::invalid_argument);
+  CHECK(opt.residency() == first_resident);
+  opt.set_policy(Residents{first_resident});  // the same residents: allowed during backward
+  CHECK(opt.step().device_subgroups == 1);
+  opt.set_policy(AllCpu{});
+  CHECK(opt.residency() == std::vector<Place>(4, Place::cpu));
+  device.set_gradients(2);
+  CHECK(opt.step().device_subgroups == 0);
 }
 
 namespace {

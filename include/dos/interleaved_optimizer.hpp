@@ -216,8 +216,11 @@ class InterleavedOptimizer : public engine::StateAccessors<InterleavedOptimizer<
     const CallGuard::Exclusive busy(guard_, "set_staging_budget()");
     engine_.set_staging_budget(bytes);
   }
-  /// @brief Changes the assignment policy; it must keep the residents chosen at construction.
-  /// @throws std::invalid_argument for an invalid policy or a change of residency.
+  /// @brief Changes the assignment policy from the next step on. A policy that keeps
+  ///        other subgroups resident moves their state between host and device now
+  ///        (`engine::DeviceEngine::set_policy`); results do not change.
+  /// @throws std::invalid_argument for an invalid policy or residency, or a change of
+  ///         residency between `begin_backward()` and `step()`.
   void set_policy(const AnyPolicy& p) requires interleaved {
     const CallGuard::Exclusive busy(guard_, "set_policy()");
     engine_.set_policy(p);
@@ -230,6 +233,8 @@ class InterleavedOptimizer : public engine::StateAccessors<InterleavedOptimizer<
   PoolStats staging_pool() const requires interleaved { return engine_.staging_pool(); }
   std::size_t staging_slot_bytes() const requires interleaved { return engine_.staging_slot_bytes(); }
   const std::vector<SubgroupShape>& subgroup_shapes() const noexcept requires interleaved { return engine_.subgroup_shapes(); }
+  /// @brief Per subgroup, `Place::resident` or `Place::cpu`: the residents in force.
+  const std::vector<Place>& residency() const noexcept requires interleaved { return engine_.residency(); }
 
   /// @brief Threads the CPU update runs on, the caller included.
   unsigned threads() const noexcept { return cpu_.threads(); }

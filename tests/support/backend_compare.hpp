@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace dos::test {
@@ -62,6 +63,7 @@ struct Drive {
   int overflow_at = 0;  ///< this step, element 0 of the first device tensor's gradient is +inf
   unsigned absent_percent = 0;  ///< each step, each tensor has no gradient with this chance (both sides)
   std::uint64_t absent_seed = 1;
+  std::vector<std::pair<int, AnyPolicy>> policies{};  ///< before step t, the device side takes this policy
 };
 
 // Element @p i of a gradient, set to @p x where it lies (host or device memory).
@@ -94,6 +96,8 @@ std::vector<StepReport> compare_trajectories(const std::vector<TensorSpec>& spec
   std::vector<StepReport> reports;
   Rng absent(drive.absent_seed);
   for (int t = 1; t <= steps; ++t) {
+    for (const auto& [at, policy_then] : drive.policies)
+      if (at == t) opt.set_policy(policy_then);
     if (drive.backward_api) opt.begin_backward();
     host.set_gradients(t);
     device.set_gradients(t);

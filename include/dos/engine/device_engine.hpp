@@ -14,6 +14,7 @@
 #include "dos/backend/device_backend.hpp"
 #include "dos/cpu/executor.hpp"
 #include "dos/engine/calibrate.hpp"
+#include "dos/error.hpp"
 #include "dos/engine/host_registration.hpp"
 #include "dos/engine/interleave_options.hpp"
 #include "dos/engine/plan_executor.hpp"
@@ -78,19 +79,19 @@ class DeviceEngine {
     // Residents take the device memory the staging slots leave.
     const std::size_t staging = slots_for(n, slot_bytes) * slot_bytes;
     residency_request_ = {available > staging ? available - staging : 0, {staging, slots_for(n, slot_bytes)}};
-    policy_.residency(residency_request(), residency_);
-    std::size_t streamable_slot = 0, streamable = 0;
-    for (std::size_t s = 0; s < n; ++s) {
-      if (residency_[s] == Place::resident) {
+    std::vector<Place> wanted;
+    policy_.residency(residency_request(), wanted);
+    check_residency(policy_, wanted);
+    for (std::size_t s = 0; s < n; ++s)
+      if (wanted[s] == Place::resident) {
         io_[s].home = decltype(io_[s].home)(io_[s].layout.bytes, b_.device_memory());
+        residency_[s] = Place::resident;
         push_resident(s);
-      } else {
-        streamable_slot = std::max(streamable_slot, io_[s].layout.bytes);
-        ++streamable;
       }
-    }
     step_budget_ = budget;
-    executor_.emplace(b_, 3 * n + 1, slots_for(streamable, streamable_slot), streamable_slot);
+    // Staging for every subgroup, the memory the residency request set aside for it: a
+    // later policy may keep fewer subgroups resident and stream the others.
+    executor_.emplace(b_, 3 * n + 1, slots_for(n, slot_bytes), slot_bytes);
     if constexpr (requires { model_->reserve(n); }) model_->reserve(n);
     policy_.reserve(n);
   }
@@ -199,16 +200,31 @@ class DeviceEngine {
     refresh_all(false);
   }
 
-  /// @brief Replaces the policy; the resident subgroups it picks must be the ones in use.
-  /// @throws std::invalid_argument for an invalid policy or a change of residency.
+  /// @brief Replaces the policy. Where it keeps other subgroups resident than the
+  ///        policy before it (its `residency` sees the device memory as it was at
+  ///        construction), their state moves now: a subgroup that stops being resident
+  ///        is pulled into its host block, which is its truth from then on, and its
+  ///        device home freed; one that becomes resident gets a home and its host
+  ///        state pushed into it. The bits of later steps do not depend on where a
+  ///        subgroup was updated, so a change of residency changes no result.
+  /// @throws std::invalid_argument for an invalid policy, a residency that is not one
+  ///         `Place` per subgroup, `resident` or `cpu`, within the device memory, or a
+  ///         change of residency between `begin_backward()` and `step()` (the coming
+  ///         step's plan is already chosen); the backend's error when a new home cannot
+  ///         be allocated. Nothing has changed in each case.
   void set_policy(const AnyPolicy& p) {
     p.validate();
     if (device_available()) {
       std::vector<Place> theirs;
-      p.residency(residency_request(), theirs);  // the memory as it was at construction
-      if (theirs != residency_)
-        throw_invalid_argument("policy {} would keep other subgroups resident than policy {}, chosen at construction; "
-                               "residency cannot change after construction", p.name(), policy_.name());
+      p.residency(residency_request(), theirs);
+      check_residency(p, theirs);
+      if (theirs != residency_) {
+        if (planned_)
+          throw_invalid_argument("policy {} would keep other subgroups resident than policy {}, and the coming "
+                                 "step's plan is already chosen: change the residency before begin_backward() or "
+                                 "after step()", p.name(), policy_.name());
+        move_residents(theirs);
+      }
     }
     policy_ = p;
     policy_.reserve(shapes_.size());
@@ -224,6 +240,49 @@ class DeviceEngine {
 
  private:
   bool resident(std::size_t s) const noexcept { return device_available() && residency_[s] == Place::resident; }
+
+  // A policy's residency, checked before anything uses it: one place per subgroup,
+  // resident or cpu, and the residents' homes within the memory set aside for them.
+  void check_residency(const AnyPolicy& p, const std::vector<Place>& r) const {
+    if (r.size() != shapes_.size())
+      throw_invalid_argument("policy {} chose a residency of {} places for {} subgroups", p.name(), r.size(),
+                             shapes_.size());
+    std::size_t bytes = 0;
+    for (std::size_t s = 0; s < r.size(); ++s) {
+      if (r[s] != Place::cpu && r[s] != Place::resident)
+        throw_invalid_argument("policy {} chose place {} for subgroup {}; a residency is resident or cpu", p.name(),
+                               static_cast<int>(r[s]), s);
+      if (r[s] == Place::resident) bytes += io_[s].layout.bytes;
+    }
+    if (bytes > residency_request_.first)
+      throw_invalid_argument("policy {} keeps {} B resident; the device memory left after staging is {} B", p.name(),
+                             bytes, residency_request_.first);
+  }
+
+  // Moves subgroups in and out of residency between steps. New homes are allocated
+  // first, so a failed allocation leaves everything as it was; the streams are idle
+  // before a home or a host block changes hands.
+  void move_residents(const std::vector<Place>& to) {
+    using Home = decltype(io_[0].home);
+    std::vector<Home> homes(to.size());
+    for (std::size_t s = 0; s < to.size(); ++s)
+      if (to[s] == Place::resident && residency_[s] != Place::resident)
+        homes[s] = Home(io_[s].layout.bytes, b_.device_memory());
+    refresh_values();  // a push copies fp32 values from where the framework has them now
+    executor_->synchronize();
+    for (std::size_t s = 0; s < to.size(); ++s)
+      if (residency_[s] == Place::resident && to[s] != Place::resident) {
+        pull_resident(s);
+        io_[s].home = Home();
+        residency_[s] = Place::cpu;
+      }
+    for (std::size_t s = 0; s < to.size(); ++s)
+      if (to[s] == Place::resident && residency_[s] != Place::resident) {
+        io_[s].home = std::move(homes[s]);
+        residency_[s] = Place::resident;
+        push_resident(s);
+      }
+  }
 
   // The CPU updates device tensors on the pinned mirror: gradients fetched in, values
   // pushed out. Its pieces take each value's type (lay_out_mirror).
@@ -304,7 +363,7 @@ class DeviceEngine {
   std::optional<Model> model_;
   std::vector<typename Executor::Io> io_;
   std::vector<SubgroupShape> shapes_;
-  std::vector<Place> residency_;   // Place::resident or Place::cpu, fixed at construction
+  std::vector<Place> residency_;   // Place::resident or Place::cpu; changes only in set_policy
   std::vector<Place> assignment_;  // scratch for the policy
   Plan candidate_;                 // scratch for the policy
   StepTimeline timeline_;

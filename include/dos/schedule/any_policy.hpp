@@ -21,7 +21,7 @@ namespace dos {
 /// @code
 /// dos::Options o;
 /// o.interleave.policy = dos::FixedStride{.stride = 3};
-/// opt.set_policy(dos::ResidentThenStride{});          // residency must not change
+/// opt.set_policy(dos::ResidentThenStride{});          // residents move between steps
 /// if (const auto* k = opt.policy().target<dos::FixedStride>()) std::printf("k=%u\n", k->stride);
 /// @endcode
 class AnyPolicy {

@@ -114,7 +114,8 @@ struct Balanced {
 ///        as far as the memory left after staging allows (and as far as the cost
 ///        model finds that they help), the others streamed at the best stride.
 ///
-/// Residency is chosen once, at construction: for resident counts r from 0 to what
+/// Residency is chosen when the policy is set (at construction, or by `set_policy`,
+/// which then sees the model as the steps so far refined it): for resident counts r from 0 to what
 /// fits, the predicted time of the best stride over the rest, searched coarse to fine.
 /// The candidates include r = 0 (plain `AutomaticStride`) and every stride of the
 /// largest r with no streaming (`StaticFraction` filling the memory), so its

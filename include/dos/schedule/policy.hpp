@@ -27,8 +27,8 @@ namespace dos {
 using PredictFn = FunctionRef<double(const Plan&)>;
 
 /// @brief What a policy sees when it chooses one step's plan. Everything it needs to
-///        try candidates without allocating: the shapes, the residency fixed at
-///        construction, the limits, the model, and a second plan and an assignment
+///        try candidates without allocating: the shapes, the residency in force, the
+///        limits, the model, and a second plan and an assignment
 ///        whose capacity is reserved.
 struct PlanRequest {
   std::span<const SubgroupShape> shapes;
@@ -40,8 +40,8 @@ struct PlanRequest {
   std::vector<Place>& assignment;
 };
 
-/// @brief What a policy sees when it chooses, once at construction, the subgroups
-///        whose state lives on the device for good.
+/// @brief What a policy sees when it chooses the subgroups whose state lives on the
+///        device: at construction, and when it replaces another policy (`set_policy`).
 struct ResidencyRequest {
   std::span<const SubgroupShape> shapes;
   /// Device bytes left for resident subgroups once the staging slots are taken.
@@ -56,8 +56,9 @@ struct ResidencyRequest {
 ///
 /// Required: `name()`; `validate()`, which throws `std::invalid_argument` naming the
 /// field and value of a bad setting; `residency(request, out)`, which fills @p out
-/// with `Place::resident` or `Place::cpu` per subgroup, once at construction (a
-/// resident subgroup's state lives on the device and never crosses the link);
+/// with `Place::resident` or `Place::cpu` per subgroup, at construction and when it is
+/// set in place of another policy (a resident subgroup's state lives on the device and
+/// crosses the link only when the residency changes);
 /// `choose(request, plan)`, which builds this step's plan into `plan` (keeping the
 /// residents resident) and returns its predicted seconds. Optional:
 /// `observe(timeline)`, called after every executed step with what was measured, and

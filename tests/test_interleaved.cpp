@@ -190,32 +190,6 @@ TEST_CASE("bad input: invalid policies are rejected with messages that name them
   CHECK(opt.policy().target<FixedStride>()->stride == 2);
 }
 
-TEST_CASE("set_policy moves subgroups in and out of residency between steps; the bits stay the all-CPU backend's") {
-  // Residents grow, shrink, vanish, fill the device, and come back under policies of
-  // every kind; with and without the backward-phase API, whose plan is chosen ahead.
-  const std::vector<std::pair<int, AnyPolicy>> changes{
-      {4, StaticFraction{0.5}}, {8, StaticFraction{0.25}}, {12, AllCpu{}},         {16, StaticFraction{1.0}},
-      {20, FixedStride{2}},     {24, ResidentThenStride{}}, {28, StaticFraction{0.3}}};
-  for (const bool backward : {false, true})
-    for (const std::size_t count : {8u, 13u}) {
-      CAPTURE(backward);
-      CAPTURE(count);
-      const auto specs = test::one_per_subgroup(count, 256, 41 + count);
-      test::Drive drive;
-      drive.policies = changes;
-      drive.backward_api = backward;
-      const auto reports = compare_trajectories(specs, StaticFraction{0.75}, 256, 0, 32, count, drive);
-      const auto residents = [&](double f) { return static_cast<std::size_t>(std::lround(f * double(count))); };
-      CHECK(reports[0].device_subgroups == residents(0.75));
-      CHECK(reports[4].device_subgroups == residents(0.5));
-      CHECK(reports[8].device_subgroups == residents(0.25));
-      CHECK(reports[12].device_subgroups == 0);
-      CHECK(reports[16].device_subgroups == count);
-      CHECK(reports[20].device_subgroups == (count + 1) / 2);
-      CHECK(reports[28].device_subgroups == residents(0.3));
-    }
-}
-
 namespace {
 // Keeps the subgroups it is told resident, or a residency of the wrong length.
 struct Residents {
@@ -225,7 +199,44 @@ struct Residents {
   void residency(const ResidencyRequest&, std::vector<Place>& out) const { out = places; }
   double choose(const PlanRequest& r, Plan& plan) { return detail::stride_plan(r, r.residency, plan, 0); }
 };
+// Every other subgroup resident, from subgroup `first` (0 or 1).
+std::vector<Place> alternate(std::size_t count, std::size_t first) {
+  std::vector<Place> out(count, Place::cpu);
+  for (std::size_t s = first; s < count; s += 2) out[s] = Place::resident;
+  return out;
+}
+
 }  // namespace
+
+TEST_CASE("set_policy moves subgroups in and out of residency between steps; the bits stay the all-CPU backend's") {
+  // Residents grow, shrink, vanish, fill the device, come back under policies of every
+  // kind, and swap places all at once; with and without the backward-phase API, whose
+  // plan is chosen ahead.
+  for (const bool backward : {false, true})
+    for (const std::size_t count : {8u, 13u}) {
+      CAPTURE(backward);
+      CAPTURE(count);
+      const auto specs = test::one_per_subgroup(count, 256, 41 + count);
+      test::Drive drive;
+      drive.policies = {{4, StaticFraction{0.5}},     {8, StaticFraction{0.25}},
+                        {12, AllCpu{}},               {16, StaticFraction{1.0}},
+                        {20, FixedStride{2}},         {24, ResidentThenStride{}},
+                        {28, StaticFraction{0.3}},    {30, Residents{alternate(count, 0)}},
+                        {31, Residents{alternate(count, 1)}}};
+      drive.backward_api = backward;
+      const auto reports = compare_trajectories(specs, StaticFraction{0.75}, 256, 0, 33, count, drive);
+      const auto residents = [&](double f) { return static_cast<std::size_t>(std::lround(f * double(count))); };
+      CHECK(reports[0].device_subgroups == residents(0.75));
+      CHECK(reports[4].device_subgroups == residents(0.5));
+      CHECK(reports[8].device_subgroups == residents(0.25));
+      CHECK(reports[12].device_subgroups == 0);
+      CHECK(reports[16].device_subgroups == count);
+      CHECK(reports[20].device_subgroups == (count + 1) / 2);
+      CHECK(reports[28].device_subgroups == residents(0.3));
+      CHECK(reports[29].device_subgroups == (count + 1) / 2);
+      CHECK(reports[31].device_subgroups == count / 2);
+    }
+}
 
 TEST_CASE("bad input: a residency of the wrong shape, or changed during backward, is refused and changes nothing") {
   const auto specs = test::one_per_subgroup(4, 128, 3);

@@ -36,6 +36,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace dos::engine {
@@ -185,12 +186,7 @@ class DeviceEngine {
     for (const SlotCopy& c : io_[s].down_state) values_.copy_d2h(c.host, io_[s].home.data() + c.offset, c.bytes);
   }
   void push_resident(std::size_t s) {
-    if (!resident(s)) return;
-    for (const auto* list : {&io_[s].up_state, &io_[s].up_value})
-      for (const SlotCopy& c : *list) {
-        if (c.staged != nullptr) std::memcpy(c.staged, c.host, c.bytes);  // never from unregistered memory
-        values_.copy_h2d(io_[s].home.data() + c.offset, c.staged != nullptr ? c.staged : c.host, c.bytes);
-      }
+    if (resident(s)) push_home(s);
   }
   /// @brief Re-reads every value view (validated) and the copy lists built from them,
   ///        so a resident push copies fp32 values from where they are now.
@@ -210,10 +206,14 @@ class DeviceEngine {
   /// @throws std::invalid_argument for an invalid policy, a residency that is not one
   ///         `Place` per subgroup, `resident` or `cpu`, within the device memory, or a
   ///         change of residency between `begin_backward()` and `step()` (the coming
-  ///         step's plan is already chosen); the backend's error when a new home cannot
-  ///         be allocated. Nothing has changed in each case.
+  ///         step's plan is already chosen); nothing has changed then. The backend's
+  ///         error when a new home cannot be allocated or filled: the policy stays, the
+  ///         subgroups not yet moved in stay on the CPU with their state (`residency()`
+  ///         says which are resident), and nothing is lost.
   void set_policy(const AnyPolicy& p) {
     p.validate();
+    AnyPolicy next = p;  // copied and sized first: nothing after the move may throw
+    next.reserve(shapes_.size());
     if (device_available()) {
       std::vector<Place> theirs;
       p.residency(residency_request(), theirs);
@@ -226,8 +226,7 @@ class DeviceEngine {
         move_residents(theirs);
       }
     }
-    policy_ = p;
-    policy_.reserve(shapes_.size());
+    policy_ = std::move(next);
   }
   const AnyPolicy& policy() const noexcept { return policy_; }
   void set_staging_budget(std::size_t bytes) noexcept { step_budget_ = bytes; }
@@ -240,6 +239,15 @@ class DeviceEngine {
 
  private:
   bool resident(std::size_t s) const noexcept { return device_available() && residency_[s] == Place::resident; }
+
+  // Writes subgroup s's host state and fp32 host values into its device home.
+  void push_home(std::size_t s) {
+    for (const auto* list : {&io_[s].up_state, &io_[s].up_value})
+      for (const SlotCopy& c : *list) {
+        if (c.staged != nullptr) std::memcpy(c.staged, c.host, c.bytes);  // never from unregistered memory
+        values_.copy_h2d(io_[s].home.data() + c.offset, c.staged != nullptr ? c.staged : c.host, c.bytes);
+      }
+  }
 
   // A policy's residency, checked before anything uses it: one place per subgroup,
   // resident or cpu, and the residents' homes within the memory set aside for them.
@@ -259,15 +267,14 @@ class DeviceEngine {
                              bytes, residency_request_.first);
   }
 
-  // Moves subgroups in and out of residency between steps. New homes are allocated
-  // first, so a failed allocation leaves everything as it was; the streams are idle
-  // before a home or a host block changes hands.
+  // Moves subgroups in and out of residency between steps, with the streams idle.
+  // Those that leave go first: their host blocks become current and their homes are
+  // freed, so the homes of those that join never need room for both sets. A joining
+  // subgroup becomes resident only once its home holds its state; if a home cannot be
+  // allocated or filled, that subgroup and the ones after it stay on the CPU with
+  // their host state current, nothing is lost, and the error propagates.
   void move_residents(const std::vector<Place>& to) {
     using Home = decltype(io_[0].home);
-    std::vector<Home> homes(to.size());
-    for (std::size_t s = 0; s < to.size(); ++s)
-      if (to[s] == Place::resident && residency_[s] != Place::resident)
-        homes[s] = Home(io_[s].layout.bytes, b_.device_memory());
     refresh_values();  // a push copies fp32 values from where the framework has them now
     executor_->synchronize();
     for (std::size_t s = 0; s < to.size(); ++s)
@@ -278,9 +285,14 @@ class DeviceEngine {
       }
     for (std::size_t s = 0; s < to.size(); ++s)
       if (to[s] == Place::resident && residency_[s] != Place::resident) {
-        io_[s].home = std::move(homes[s]);
+        io_[s].home = Home(io_[s].layout.bytes, b_.device_memory());
+        try {
+          push_home(s);
+        } catch (...) {
+          io_[s].home = Home();
+          throw;
+        }
         residency_[s] = Place::resident;
-        push_resident(s);
       }
   }
 

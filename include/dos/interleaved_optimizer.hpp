@@ -216,11 +216,7 @@ class InterleavedOptimizer : public engine::StateAccessors<InterleavedOptimizer<
     const CallGuard::Exclusive busy(guard_, "set_staging_budget()");
     engine_.set_staging_budget(bytes);
   }
-  /// @brief Changes the assignment policy from the next step on. A policy that keeps
-  ///        other subgroups resident moves their state between host and device now
-  ///        (`engine::DeviceEngine::set_policy`); results do not change.
-  /// @throws std::invalid_argument for an invalid policy or residency, or a change of
-  ///         residency between `begin_backward()` and `step()`.
+  /// @brief Changes the policy from the next step on; residents move now (`engine::DeviceEngine::set_policy`).
   void set_policy(const AnyPolicy& p) requires interleaved {
     const CallGuard::Exclusive busy(guard_, "set_policy()");
     engine_.set_policy(p);

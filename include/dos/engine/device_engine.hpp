@@ -80,19 +80,14 @@ class DeviceEngine {
     // Residents take the device memory the staging slots leave.
     const std::size_t staging = slots_for(n, slot_bytes) * slot_bytes;
     residency_request_ = {available > staging ? available - staging : 0, {staging, slots_for(n, slot_bytes)}};
-    std::vector<Place> wanted;
-    policy_.residency(residency_request(), wanted);
-    check_residency(policy_, wanted);
-    for (std::size_t s = 0; s < n; ++s)
-      if (wanted[s] == Place::resident) {
-        io_[s].home = decltype(io_[s].home)(io_[s].layout.bytes, b_.device_memory());
-        residency_[s] = Place::resident;
-        push_resident(s);
-      }
     step_budget_ = budget;
     // Staging for every subgroup, the memory the residency request set aside for it: a
     // later policy may keep fewer subgroups resident and stream the others.
     executor_.emplace(b_, 3 * n + 1, slots_for(n, slot_bytes), slot_bytes);
+    std::vector<Place> wanted;
+    policy_.residency(residency_request(), wanted);
+    check_residency(policy_, wanted);
+    move_residents(wanted);  // from none: the same path as a later change of policy
     if constexpr (requires { model_->reserve(n); }) model_->reserve(n);
     policy_.reserve(n);
   }

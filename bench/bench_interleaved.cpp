@@ -8,7 +8,9 @@
 // Counters: measured_s (the update, as the executor timed it), predicted_s (the
 // cost model's prediction for the same plan, with what it learned from earlier
 // steps), first_order_s (the first-order part alone, from the refined rates),
-// k (the executed stride, averaged), explored (the share of steps that explored).
+// k (the executed stride, averaged), explored (the share of steps that explored),
+// step_s (the whole step() call: with resident_then_stride, the moves of its residents
+// between steps too), residents (subgroups kept resident, averaged).
 // Every policy first runs kWarmSteps unmeasured steps, in which the automatic ones settle.
 // Run: build/release/bench/bench_interleaved --benchmark_min_time=1
 // and: /usr/bin/python3 bench/interleaved_report.py build/release/bench/bench_interleaved
@@ -55,7 +57,7 @@ void BM_Interleaved(benchmark::State& state, dos::AnyPolicy policy) {
   // First touch, the model refines, and the automatic policies settle (they explore
   // their candidates first: bench_automatic reports how long that takes).
   for (int warm = 0; warm < kWarmSteps; ++warm) opt.step();
-  double measured = 0, predicted = 0, first_order = 0, stride = 0, explored = 0;
+  double measured = 0, predicted = 0, first_order = 0, stride = 0, explored = 0, whole = 0, residents = 0;
   for (auto _ : state) {
     const dos::StepReport r = opt.step();
     measured += r.update_seconds;
@@ -64,6 +66,8 @@ void BM_Interleaved(benchmark::State& state, dos::AnyPolicy policy) {
     first_order += opt.cost_model().first_order(opt.timeline().plan);
     stride += r.stride;
     explored += r.explored ? 1 : 0;
+    whole += r.seconds;
+    residents += static_cast<double>(r.resident_subgroups);
     state.SetIterationTime(r.update_seconds);
   }
   const auto n = static_cast<double>(state.iterations());
@@ -72,6 +76,8 @@ void BM_Interleaved(benchmark::State& state, dos::AnyPolicy policy) {
   state.counters["first_order_s"] = first_order / n;
   state.counters["k"] = stride / n;
   state.counters["explored"] = explored / n;  // share of the measured steps that explored
+  state.counters["step_s"] = whole / n;
+  state.counters["residents"] = residents / n;
   state.counters["device_subgroups"] = static_cast<double>(opt.timeline().plan.device_subgroups());
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(kElements));
   state.SetLabel(dos::summary(opt.timeline()));

@@ -146,6 +146,7 @@ nb::dict to_dict(const StepReport& r) {
   d["policy"] = std::string(r.policy);
   d["stride"] = r.stride;
   d["device_subgroups"] = r.device_subgroups;
+  d["resident_subgroups"] = r.resident_subgroups;
   d["bytes_moved"] = r.bytes_moved;
   d["predicted_seconds"] = r.predicted_seconds;
   d["update_seconds"] = r.update_seconds;

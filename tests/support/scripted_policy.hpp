@@ -99,13 +99,17 @@ inline Run slice(const Run& r, int from, int to) {
   return out;
 }
 
-// The first step from which every step that did not explore ran @p best.
-inline int settled(const Run& r, std::uint32_t best) {
+// The first step from which every step that did not explore chose @p value.
+template <class T>
+int settled_on(const std::vector<T>& chosen, const std::vector<bool>& explored, T value) {
   int from = 0;
-  for (int i = 0; i < std::ssize(r.k); ++i)
-    if (!r.explored[static_cast<std::size_t>(i)] && r.k[static_cast<std::size_t>(i)] != best) from = i + 1;
+  for (std::size_t i = 0; i < chosen.size(); ++i)
+    if (!explored[i] && chosen[i] != value) from = static_cast<int>(i) + 1;
   return from;
 }
+
+// The first step from which every step that did not explore ran @p best.
+inline int settled(const Run& r, std::uint32_t best) { return settled_on(r.k, r.explored, best); }
 
 // Candidates 0..8 of 16 subgroups with these true times, constant over the steps.
 inline Scenario fixed(std::vector<double> predicted, std::vector<double> truth) {
@@ -153,6 +157,77 @@ inline Noisy slow_steps(std::uint64_t seed, int steps) {
   for (int i = steps / 2; i < steps; ++i) n.late_against += truth[8] * factor[static_cast<std::size_t>(i)];
   n.late_against /= steps - steps / 2;
   return n;
+}
+
+}  // namespace dos::test::scripted
+
+namespace dos::test::scripted {
+
+// A machine where what a step takes depends on the resident count too: the model's
+// prediction and the truth by (residents, k), step by step for the truth.
+struct ResidentScenario {
+  std::function<double(std::size_t residents, std::uint32_t k)> predicted;
+  std::function<double(std::size_t residents, std::uint32_t k, int step)> truth;
+};
+
+struct ResidentRun {
+  std::vector<std::size_t> residents;  // per step
+  std::vector<std::uint32_t> k;
+  std::vector<bool> explored;
+  std::vector<double> seconds;
+  int moves = 0;  // steps after which the residents moved
+  AnyPolicy policy;
+  double mean(int from, int to) const {
+    double s = 0;
+    for (int i = from; i < to; ++i) s += seconds[static_cast<std::size_t>(i)];
+    return s / (to - from);
+  }
+};
+
+// Drives @p policy as the engine does, residents moved as it asks after each step (unless
+// @p follow is false: an engine whose moves fail), with device memory for every subgroup.
+// @p outside, if given, may change the residency before a step's choice, as setting a
+// used policy anew does.
+inline ResidentRun drive_resident(AnyPolicy policy, const ResidentScenario& sc, int steps, bool follow = true,
+                                  const std::function<void(int step, std::vector<Place>& residency)>& outside = {}) {
+  const auto sh = shapes();
+  const auto count = [](const Plan& p) {
+    return static_cast<std::size_t>(std::count(p.placement.begin(), p.placement.end(), Place::resident));
+  };
+  const auto predict = [&](const Plan& p) { return sc.predicted(count(p), candidate(p)); };
+  const HardwareProfile profile{.cpu_rate = 1e9, .device_rate = 1e12, .h2d_bandwidth = 1e10, .d2h_bandwidth = 1e10};
+  const PlanLimits limits{.budget = ~std::size_t{0} / 2, .max_slots = 2};
+  Plan scratch;
+  std::vector<Place> assignment, residency, next;
+  policy.residency({sh, sh.size() * sh[0].slot_bytes, limits, predict, scratch, assignment}, residency);
+  policy.reserve(sh.size());
+  ResidentRun run;
+  StepTimeline t;
+  for (int step = 0; step < steps; ++step) {
+    if (outside) outside(step, residency);
+    policy.choose({sh, residency, limits, profile, predict, scratch, assignment}, t.plan);
+    const std::size_t r = count(t.plan);
+    if (r != static_cast<std::size_t>(std::count(residency.begin(), residency.end(), Place::resident)))
+      throw std::logic_error("the plan does not keep the residents in force");
+    t.measured_seconds = sc.truth(r, candidate(t.plan), step);
+    run.residents.push_back(r);
+    run.k.push_back(candidate(t.plan));
+    run.explored.push_back(t.plan.explored);
+    run.seconds.push_back(t.measured_seconds);
+    t.step = step;
+    policy.observe(t);
+    if (policy.next_residency(next) && follow) {
+      residency = next;
+      ++run.moves;
+    }
+  }
+  run.policy = policy;
+  return run;
+}
+
+// The first step from which every step that did not explore kept @p residents.
+inline int settled_residents(const ResidentRun& r, std::size_t residents) {
+  return settled_on(r.residents, r.explored, residents);
 }
 
 }  // namespace dos::test::scripted

@@ -33,6 +33,7 @@
 #include <cstring>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -164,8 +165,10 @@ class DeviceEngine {
     t.step = step;
     if (options_.refine) model_->refine(t);
     policy_.observe(t);
+    if (policy_.next_residency(wanted_)) follow_policy();
     report.stride = t.plan.stride;
     report.device_subgroups = t.plan.device_subgroups();
+    report.resident_subgroups = static_cast<std::size_t>(std::count(t.plan.placement.begin(), t.plan.placement.end(), Place::resident));
     report.bytes_moved = bytes_moved(t.plan);
     report.predicted_seconds = t.predicted_seconds;
     report.update_seconds = t.measured_seconds;
@@ -218,7 +221,10 @@ class DeviceEngine {
           throw_invalid_argument("policy {} would keep other subgroups resident than policy {}, and the coming "
                                  "step's plan is already chosen: change the residency before begin_backward() or "
                                  "after step()", p.name(), policy_.name());
-        move_residents(theirs);
+        move_residents(theirs);  // also frees the homes the old policy kept for a return
+      } else {
+        for (std::size_t s = 0; s < io_.size(); ++s)  // homes the old policy kept for a return
+          if (residency_[s] != Place::resident) io_[s].home = decltype(io_[s].home)();
       }
     }
     policy_ = std::move(next);
@@ -264,23 +270,32 @@ class DeviceEngine {
 
   // Moves subgroups in and out of residency between steps, with the streams idle.
   // Those that leave go first: their host blocks become current and their homes are
-  // freed, so the homes of those that join never need room for both sets. A joining
-  // subgroup becomes resident only once its home holds its state; if a home cannot be
-  // allocated or filled, that subgroup and the ones after it stay on the CPU with
-  // their host state current, nothing is lost, and the error propagates.
-  void move_residents(const std::vector<Place>& to) {
+  // freed (kept, if @p keep_homes), so the homes of those that join never need room
+  // for both sets. A joining subgroup becomes resident only once its home holds its
+  // state; if a home cannot be allocated or filled, that subgroup and the ones after it
+  // stay on the CPU with their host state current, nothing is lost, and the error
+  // propagates.
+  void move_residents(const std::vector<Place>& to, bool keep_homes = false) {
     using Home = decltype(io_[0].home);
     refresh_values();  // a push copies fp32 values from where the framework has them now
     executor_->synchronize();
     for (std::size_t s = 0; s < to.size(); ++s)
       if (residency_[s] == Place::resident && to[s] != Place::resident) {
         pull_resident(s);
-        io_[s].home = Home();
         residency_[s] = Place::cpu;
       }
+    // Homes kept for a return: all of them but those about to be used again go, unless
+    // this move keeps them and they fit, with the new residents, in the memory set
+    // aside for residents (a policy's moves need not be nested).
+    std::size_t held = 0;
+    for (std::size_t s = 0; s < to.size(); ++s)
+      if (io_[s].home.data() != nullptr || to[s] == Place::resident) held += io_[s].layout.bytes;
+    const bool keep = keep_homes && held <= residency_request_.first;
+    for (std::size_t s = 0; s < to.size(); ++s)
+      if (residency_[s] != Place::resident && to[s] != Place::resident && !keep) io_[s].home = Home();
     for (std::size_t s = 0; s < to.size(); ++s)
       if (to[s] == Place::resident && residency_[s] != Place::resident) {
-        io_[s].home = Home(io_[s].layout.bytes, b_.device_memory());
+        if (io_[s].home.data() == nullptr) io_[s].home = Home(io_[s].layout.bytes, b_.device_memory());
         try {
           push_home(s);
         } catch (...) {
@@ -289,6 +304,22 @@ class DeviceEngine {
         }
         residency_[s] = Place::resident;
       }
+  }
+
+  // The policy asked, after a step, for other residents from the next one (it measures
+  // residencies): they move now, and those that leave keep their homes, so a policy
+  // that tries counts back and forth allocates nothing after its first visit to each
+  // (the memory was set aside for residents when the policy was set). The step has
+  // run: a move that fails changes nothing of its result and loses nothing; it is
+  // reported, and the policy sees in its next choice which subgroups are resident.
+  void follow_policy() {
+    try {
+      check_residency(policy_, wanted_);
+      move_residents(wanted_, /*keep_homes=*/true);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dos: warning: policy %.*s asked for other resident subgroups and they could not move: %s\n",
+                   static_cast<int>(policy_.name().size()), policy_.name().data(), e.what());
+    }
   }
 
   // The CPU updates device tensors on the pinned mirror: gradients fetched in, values
@@ -333,6 +364,7 @@ class DeviceEngine {
 
   void reserve_plans(std::size_t n) {
     assignment_.reserve(n);
+    wanted_.reserve(n);
     residency_.assign(n, Place::cpu);
     for (Plan* plan : {&timeline_.plan, &candidate_}) {
       plan->ops.reserve(3 * n + 1);
@@ -370,8 +402,9 @@ class DeviceEngine {
   std::optional<Model> model_;
   std::vector<typename Executor::Io> io_;
   std::vector<SubgroupShape> shapes_;
-  std::vector<Place> residency_;   // Place::resident or Place::cpu; changes only in set_policy
+  std::vector<Place> residency_;   // Place::resident or Place::cpu; changes only between steps (move_residents)
   std::vector<Place> assignment_;  // scratch for the policy
+  std::vector<Place> wanted_;      // the residency the policy asks for after a step
   Plan candidate_;                 // scratch for the policy
   StepTimeline timeline_;
   PlanCheckWorkspace check_;

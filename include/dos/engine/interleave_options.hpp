@@ -35,7 +35,8 @@ struct InterleaveOptions {
 struct UpdateReport {
   std::string_view policy;           ///< the assignment policy in use
   std::uint32_t stride = 0;          ///< k of the executed plan; 0 when not a stride
-  std::size_t device_subgroups = 0;  ///< subgroups updated on the device
+  std::size_t device_subgroups = 0;  ///< subgroups updated on the device, residents included
+  std::size_t resident_subgroups = 0;  ///< of those, subgroups resident on the device
   std::size_t bytes_moved = 0;       ///< bytes across the link, both directions
   double predicted_seconds = 0;      ///< the cost model's prediction for the plan
   double update_seconds = 0;         ///< measured time of the plan's execution

@@ -52,6 +52,10 @@ class AnyPolicy {
   void reserve(std::size_t subgroups) { self_->reserve(subgroups); }
   /// @brief Shows the held policy a step that ran, if it wants to see it.
   void observe(const StepTimeline& t) { self_->observe(t); }
+  /// @brief The residency the held policy wants from the next step into @p out, if it
+  ///        wants another than the one in force; false if not (or if it never moves
+  ///        residents).
+  bool next_residency(std::vector<Place>& out) { return self_->next_residency(out); }
 
   /// @brief The held policy if it is a `P`, else null.
   template <class P>
@@ -70,6 +74,7 @@ class AnyPolicy {
     virtual double choose(const PlanRequest& r, Plan& plan) = 0;
     virtual void reserve(std::size_t subgroups) = 0;
     virtual void observe(const StepTimeline& t) = 0;
+    virtual bool next_residency(std::vector<Place>& out) = 0;
   };
   template <class P>
   struct Model final : Concept {
@@ -84,6 +89,10 @@ class AnyPolicy {
     }
     void observe(const StepTimeline& t) override {
       if constexpr (requires { policy.observe(t); }) policy.observe(t);
+    }
+    bool next_residency(std::vector<Place>& out) override {
+      if constexpr (requires { policy.next_residency(out); }) return policy.next_residency(out);
+      else return false;
     }
     P policy;
   };

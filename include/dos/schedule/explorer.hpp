@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -32,6 +33,77 @@ constexpr void sort_first(std::array<double, N>& x, std::size_t n) noexcept {
   for (std::size_t i = 1; i < n; ++i)
     for (std::size_t j = i; j > 0 && x[j - 1] > x[j]; --j) std::swap(x[j - 1], x[j]);
 }
+
+/// The score of a duel: pairs of times, the incumbent's then the challenger's, each a
+/// step (`StrideExplorer`) or the fastest step of a block of steps
+/// (`ResidencyExplorer`), and the verdict on them (docs/design.md, "Choosing the split").
+struct DuelScore {
+  static constexpr std::size_t length = 4;  ///< pairs in a duel
+  static constexpr std::size_t clear = 3;   ///< pairs after which a clear win ends it
+  static constexpr double margin = 0.01;    ///< what a challenger must win by, as a fraction
+
+  std::array<std::array<double, length>, 2> times{};  // incumbent, challenger
+  std::size_t pairs = 0;
+
+  void restart() noexcept { pairs = 0; }
+  /// Records one pair; returns whether the duel is over, and then sets @p won.
+  bool add(double incumbent, double challenger, bool& won) noexcept {
+    times[0][pairs] = incumbent;
+    times[1][pairs] = challenger;
+    ++pairs;
+    if (pairs == clear && clear_win()) return won = true;
+    if (pairs < length) return false;
+    won = challenger_won();
+    return true;
+  }
+
+  /// The median of the pairs' ratios so far, the challenger's time over the
+  /// incumbent's; 1 before the first pair.
+  double median_ratio() const noexcept {
+    std::array<double, length> r{};
+    for (std::size_t i = 0; i < pairs; ++i) r[i] = times[1][i] / times[0][i];
+    sort_first(r, pairs);
+    if (pairs == 0) return 1;
+    return pairs % 2 == 1 ? r[pairs / 2] : 0.5 * (r[pairs / 2 - 1] + r[pairs / 2]);
+  }
+
+  /// After `clear` pairs: whether every one of the challenger's times lost to every
+  /// one of the incumbent's by the margin (a verdict no fourth pair would change).
+  bool clear_loss() const noexcept {
+    const double* c = times[1].data();
+    const double* i = times[0].data();
+    return (1 - margin) * *std::min_element(c, c + clear) > *std::max_element(i, i + clear);
+  }
+
+  // The verdict after `length` pairs: the challenger must win by the margin both ways,
+  // by its two fastest times against the incumbent's (which no one or two slow steps
+  // move) and by the median of the pairs' ratios (which a phase of the machine that
+  // began or ended during the duel does not move).
+  bool challenger_won() const noexcept {
+    std::array<double, length> ratios{};
+    for (std::size_t i = 0; i < length; ++i) ratios[i] = times[1][i] / times[0][i];
+    const auto r = sorted(ratios);
+    const auto challenger = sorted(times[1]);
+    const auto incumbent = sorted(times[0]);
+    return challenger[0] + challenger[1] < (1 - margin) * (incumbent[0] + incumbent[1]) &&
+           0.5 * (r[1] + r[2]) < 1 - margin;
+  }
+
+  // After `clear` pairs, a challenger whose every time beat every one of the
+  // incumbent's by the margin has won: a machine that changed needs no longer duels to
+  // follow, and that many slow steps of the incumbent in a row are rare.
+  bool clear_win() const noexcept {
+    const double* c = times[1].data();
+    const double* i = times[0].data();
+    return *std::max_element(c, c + clear) < (1 - margin) * *std::min_element(i, i + clear);
+  }
+
+ private:
+  static std::array<double, length> sorted(std::array<double, length> x) noexcept {
+    sort_first(x, x.size());
+    return x;
+  }
+};
 }  // namespace detail
 
 /// @brief How a measured choice explores; the defaults suit steps of milliseconds to
@@ -109,9 +181,9 @@ class StrideExplorer {
  public:
   static constexpr std::size_t window = 5;         ///< measurements kept per candidate
   static constexpr std::uint32_t min_samples = 3;  ///< before a close candidate is trusted
-  static constexpr std::size_t duel_length = 4;    ///< pairs of steps in a duel
-  static constexpr std::size_t clear_pairs = 3;    ///< pairs after which a clear win ends a duel
-  static constexpr double duel_margin = 0.01;      ///< what a challenger must win by, as a fraction
+  static constexpr std::size_t duel_length = detail::DuelScore::length;  ///< pairs of steps in a duel
+  static constexpr std::size_t clear_pairs = detail::DuelScore::clear;   ///< pairs after which a clear win ends a duel
+  static constexpr double duel_margin = detail::DuelScore::margin;       ///< what a challenger must win by, as a fraction
 
   /// @brief What is known of one candidate.
   struct Record {
@@ -225,11 +297,7 @@ class StrideExplorer {
     Record& c = records_[k];
     if (k == duel_ && last_ran_ == incumbent_ && last_seconds_ > 0) {
       // One pair of the duel: the challenger and the incumbent in the step before.
-      duel_times_[0][duel_pairs_] = last_seconds_;
-      duel_times_[1][duel_pairs_] = t.measured_seconds;
-      ++duel_pairs_;
-      if (duel_pairs_ == clear_pairs && clear_win()) finish_duel(true);
-      else if (duel_pairs_ == duel_length) finish_duel(challenger_won());
+      if (bool won = false; score_.add(last_seconds_, t.measured_seconds, won)) finish_duel(won);
     }
     last_ran_ = k;
     last_seconds_ = t.measured_seconds;
@@ -254,6 +322,21 @@ class StrideExplorer {
   ///        sweep or that changed the running candidate after it (a duel won); 0 if
   ///        none.
   std::int64_t settled_after() const noexcept { return settled_after_; }
+  /// @brief The candidate last run as the best (not to explore); none before the first
+  ///        step.
+  std::optional<std::uint32_t> running() const noexcept {
+    return incumbent_ < records_.size() ? std::optional(incumbent_) : std::nullopt;
+  }
+  /// @brief Whether a duel is being fought (a pair of its steps would be split by
+  ///        steps that are not its own).
+  bool dueling() const noexcept { return duel_ != none; }
+  /// @brief Forgets everything measured, keeping the room reserved for the records.
+  void forget() noexcept {
+    std::vector<Record> keep = std::move(records_);
+    keep.clear();
+    *this = StrideExplorer{};
+    records_ = std::move(keep);
+  }
 
  private:
   static constexpr std::uint32_t none = std::numeric_limits<std::uint32_t>::max();
@@ -369,39 +452,10 @@ class StrideExplorer {
   // the duel (perhaps a slow one that set the challenge off) is in the first pair.
   void start_duel(std::uint32_t k) {
     duel_ = k;
-    duel_pairs_ = 0;
+    score_.restart();
     last_ran_ = none;
     records_[k].dueled = true;
     records_[k].fresh_from = records_[k].kept;
-  }
-
-  // A duel side's four numbers, in order.
-  static std::array<double, duel_length> sorted(std::array<double, duel_length> x) noexcept {
-    detail::sort_first(x, x.size());
-    return x;
-  }
-
-  // The verdict after `duel_length` pairs: the challenger must win by the margin both
-  // ways, by its two fastest steps against the incumbent's (which no one or two slow
-  // steps move) and by the median of the pairs' ratios (which a phase of the machine
-  // that began or ended during the duel does not move).
-  bool challenger_won() const noexcept {
-    std::array<double, duel_length> ratios{};
-    for (std::size_t i = 0; i < duel_length; ++i) ratios[i] = duel_times_[1][i] / duel_times_[0][i];
-    const auto r = sorted(ratios);
-    const auto challenger = sorted(duel_times_[1]);
-    const auto incumbent = sorted(duel_times_[0]);
-    return challenger[0] + challenger[1] < (1 - duel_margin) * (incumbent[0] + incumbent[1]) &&
-           0.5 * (r[1] + r[2]) < 1 - duel_margin;
-  }
-
-  // After `clear_pairs` pairs, a challenger whose every step beat every step of the
-  // incumbent by the margin has won: a machine that changed needs no longer duels to
-  // follow, and that many slow steps of the incumbent in a row are rare.
-  bool clear_win() const noexcept {
-    const double* c = duel_times_[1].data();
-    const double* i = duel_times_[0].data();
-    return *std::max_element(c, c + clear_pairs) < (1 - duel_margin) * *std::min_element(i, i + clear_pairs);
   }
 
   // The duel's verdict: the challenger takes the incumbent's place if it @p won, and
@@ -428,8 +482,7 @@ class StrideExplorer {
 
   std::vector<Record> records_;
   std::uint32_t duel_ = none;          // the candidate challenging the incumbent; none: no duel
-  std::uint32_t duel_pairs_ = 0;       // pairs the duel has measured
-  std::array<std::array<double, duel_length>, 2> duel_times_{};  // the duel's steps: incumbent, challenger
+  detail::DuelScore score_;            // the duel's steps so far
   bool playoffs_drawn_ = false;        // who meets the incumbent after the sweep is decided
   std::int64_t sweep_end_ = 0;         // the last step of the sweep
   std::uint32_t rematch_ = none;       // the incumbent that lost its place in a duel

@@ -10,12 +10,13 @@
 ///    fastest, exploring the others at a bounded cost (`StrideExplorer`);
 ///  - `Balanced`: streamed subgroups chosen by size, longest first (uneven subgroups);
 ///  - `ResidentThenStride`: as many resident subgroups as the device memory left after
-///    staging holds and the model finds worth it, the rest streamed at the stride that
-///    measured fastest.
+///    staging holds and measured steps find worth it (the model's count first), the
+///    rest streamed at the stride that measured fastest.
 
 #include "dos/error.hpp"
 #include "dos/schedule/explorer.hpp"
 #include "dos/schedule/policy.hpp"
+#include "dos/schedule/residency_explorer.hpp"
 #include "dos/schedule/timeline.hpp"
 
 #include <algorithm>
@@ -111,19 +112,22 @@ struct Balanced {
 };
 
 /// @brief TwinFlow's idea and the paper's together: subgroups resident on the device
-///        as far as the memory left after staging allows (and as far as the cost
-///        model finds that they help), the others streamed at the best stride.
+///        as far as the memory left after staging allows and as far as measured steps
+///        show that they help, the others streamed at the stride that measured fastest.
 ///
-/// Residency is chosen when the policy is set (at construction, or by `set_policy`,
-/// which then sees the model as the steps so far refined it): for resident counts r from 0 to what
-/// fits, the predicted time of the best stride over the rest, searched coarse to fine.
-/// The candidates include r = 0 (plain `AutomaticStride`) and every stride of the
-/// largest r with no streaming (`StaticFraction` filling the memory), so its
-/// prediction is never worse than either.
+/// When the policy is set (at construction, or by `set_policy`, which then sees the
+/// model as the steps so far refined it), the model chooses the count r*: for resident
+/// counts r from 0 to what fits, the predicted time of the best stride over the rest,
+/// searched coarse to fine (its candidates include no residents and the full memory
+/// with no streaming, so the prediction is never worse than `AutomaticStride`'s or
+/// `StaticFraction`'s filling the memory). From the first step on, measurements
+/// decide (`ResidencyExplorer`): fewer residents, down to none, take r*'s place only by
+/// beating it side by side, with the residents moved between steps; the stride over
+/// the other subgroups is chosen as `AutomaticStride` chooses it.
 struct ResidentThenStride {
   std::uint32_t max_stride = 8;  ///< the largest k tried, >= 1
   ExploreSettings explore{};     ///< how the stride over the other subgroups is explored
-  StrideExplorer explorer{};     ///< what it has measured (its memory; read it, do not set it)
+  ResidencyExplorer explorer{};  ///< what it has measured (its memory; read it, do not set it)
 
   std::string_view name() const noexcept { return "resident_then_stride"; }
   void validate() const {
@@ -161,11 +165,10 @@ struct ResidentThenStride {
     }
     resident_prefix(out, n, best);
   }
-  void reserve(std::size_t subgroups) { explorer.reserve(detail::candidates(max_stride, subgroups)); }
-  double choose(const PlanRequest& r, Plan& plan) {
-    return explorer.choose(r, r.residency, max_stride, plan, r.scratch, explore);
-  }
+  void reserve(std::size_t subgroups) { explorer.reserve(subgroups, max_stride); }
+  double choose(const PlanRequest& r, Plan& plan) { return explorer.choose(r, max_stride, plan, r.scratch, explore); }
   void observe(const StepTimeline& t) { explorer.observe(t); }
+  bool next_residency(std::vector<Place>& out) const { return explorer.next_residency(out); }
 };
 
 }  // namespace dos

@@ -63,7 +63,11 @@ struct ResidencyRequest {
 /// residents resident) and returns its predicted seconds. Optional:
 /// `observe(timeline)`, called after every executed step with what was measured, and
 /// `reserve(subgroups)`, called at construction, so a policy that keeps records can
-/// make room for them there (a step allocates nothing).
+/// make room for them there (a step allocates nothing); and
+/// `next_residency(out)`, called after `observe`, which returns true and fills @p out
+/// (within its capacity) when the policy wants other residents from the next step on:
+/// the engine moves them between the steps, and the next `choose` sees the residency in
+/// force (the one asked for, unless the move failed).
 /// @code
 /// struct EveryThird {  // subgroups 0, 3, 6, ... streamed
 ///   std::string_view name() const { return "every_third"; }

@@ -81,8 +81,8 @@ struct PolicyPrediction {
 /// @brief Predicted update of @p policy: residency chosen for @p device_bytes of device
 ///        memory beyond the staging slots of @p limits, then @p steps steps in which
 ///        the model's prediction stands for the measurement (a policy that explores
-///        settles on what the model finds best). Returns the last step's choice that
-///        was not an exploration.
+///        settles on what the model finds best, residents moved as it asks). Returns
+///        the last step's choice that was not an exploration.
 template <CostModel Model = FirstOrderCostModel>
 PolicyPrediction simulate_policy(const Model& model, const std::vector<SubgroupShape>& shapes, AnyPolicy policy,
                                  const PlanLimits& limits, std::size_t device_bytes, int steps = 64) {
@@ -95,10 +95,11 @@ PolicyPrediction simulate_policy(const Model& model, const std::vector<SubgroupS
   double total = 0;
   for (const SubgroupShape& s : shapes) total += static_cast<double>(s.elements);
   PolicyPrediction out;
-  out.resident = static_cast<std::size_t>(std::count(residency.begin(), residency.end(), Place::resident));
+  std::vector<Place> next;
   for (int step = 0; step < steps; ++step) {
     const double seconds = policy.choose({shapes, residency, limits, model.profile(), predict, scratch, assignment}, t.plan);
     if (!t.plan.explored || step == 0) {
+      out.resident = static_cast<std::size_t>(std::count(residency.begin(), residency.end(), Place::resident));
       out.seconds = seconds;
       out.params_per_second = seconds > 0 ? total / seconds : 0;
       out.stride = t.plan.stride;
@@ -107,6 +108,7 @@ PolicyPrediction simulate_policy(const Model& model, const std::vector<SubgroupS
     t.step = step;
     t.predicted_seconds = t.measured_seconds = seconds;
     policy.observe(t);
+    if (policy.next_residency(next)) residency = next;  // a policy that measures residencies moves them
   }
   return out;
 }

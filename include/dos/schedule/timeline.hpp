@@ -95,10 +95,12 @@ inline double overlap_fraction(const StepTimeline& t) {
 /// @brief One line: step, time, policy and k, bytes moved, overlap.
 inline std::string summary(const StepTimeline& t) {
   const std::size_t dev = t.plan.device_subgroups();
-  return fmt::format("step {}: {:.4f} s (predicted {:.4f} s), {} k={}, {}/{} subgroups on the device, {:.1f} MB "
+  const auto resident = std::count(t.plan.placement.begin(), t.plan.placement.end(), Place::resident);
+  return fmt::format("step {}: {:.4f} s (predicted {:.4f} s), {} k={}, {}/{} subgroups on the device{}, {:.1f} MB "
                      "moved, {:.0f}% of transfers overlapped{}{}{}",
                      t.step, t.measured_seconds, t.predicted_seconds, t.policy, t.plan.stride, dev,
-                     t.plan.placement.size(), static_cast<double>(bytes_moved(t.plan)) / 1e6,
+                     t.plan.placement.size(), resident > 0 ? fmt::format(" ({} resident)", resident) : std::string(),
+                     static_cast<double>(bytes_moved(t.plan)) / 1e6,
                      100 * overlap_fraction(t), t.plan.explored ? "; explored" : "",
                      t.plan.fallback.empty() ? "" : "; fell back to the CPU: ", t.plan.fallback);
 }

@@ -1,0 +1,316 @@
+#pragma once
+/// @file
+/// @brief `ResidencyExplorer`: chooses how many subgroups stay resident on the device
+///        from steps that ran each count side by side, and the stride over the other
+///        subgroups with a `StrideExplorer` per count. The model's count runs first;
+///        fewer residents, down to none, must beat it in duels to take its place
+///        (docs/design.md, "Choosing the residency").
+
+#include "dos/schedule/explorer.hpp"
+#include "dos/schedule/plan.hpp"
+#include "dos/schedule/policy.hpp"
+#include "dos/schedule/timeline.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace dos {
+
+/// @brief The resident counts r*, r*/2, r*/4 and 0 (r*: the count the policy's model
+///        chose when it was set), compared side by side in duels of paired steps,
+///        with the residents moved between the steps.
+///
+/// **The search.** The first duel is r* (the incumbent) against no residents (what the
+/// policy must never be slower than); then r*/2 and r*/4 challenge the winner so far in
+/// turn. A challenger that loses to a larger count ends the search (going down from
+/// there made the step slower); one that loses to no residents does not (the best
+/// count may lie between). Each count runs at the stride it measured best, or
+/// streaming nothing while it has none measured (the model's stride may be what it is
+/// wrong about; no residents is then exactly the all-CPU update). Smaller counts than
+/// r*/4 are not compared: on 16 subgroups each would move the step by a few percent at
+/// most, within what a duel on a shared machine can tell apart.
+///
+/// **A duel** is `DuelScore::length` pairs of steps in the order incumbent,
+/// challenger, challenger, incumbent, incumbent, ... so that the residents move once
+/// per pair. The verdict is `StrideExplorer`'s: the challenger wins by more than 1%
+/// both by its two fastest steps and by the median of the pairs' ratios, or at once by
+/// a clear win; it loses at once by a clear loss (after three pairs, each of its steps
+/// slower than each of the incumbent's by the margin), if one of its steps ran more
+/// than `max_slowdown` times slower than the incumbent's paired one, or if a step
+/// measured no time. A count that lost its place meets the winner again in a return
+/// match, once, `explore_every` steps after the search (one duel on a shared machine
+/// can be lost to a few slow steps).
+///
+/// **Settled**, the winning count's `StrideExplorer` chooses the stride. Every count
+/// that lost is re-checked (a machine changes): `stale_after` steps after its loss,
+/// later in proportion to how much slower it ran beyond `close` (as a stale stride is
+/// re-checked), and twice as late after each re-check it loses, up to 16 times; the
+/// most overdue first, and at once a count whose fastest step in its last duel beat
+/// the running count's estimate by more than `max_slowdown` times. If it wins, the
+/// counts below it challenge it in turn, as in the search.
+///
+/// The residency asked for after a step is `next_residency`; the engine moves the
+/// residents before the next step. Where a move asked for did not happen (it failed),
+/// the explorer stops comparing and keeps the count in force; where the residency
+/// changed from outside (a used policy set anew), it starts afresh from that count.
+class ResidencyExplorer {
+ public:
+  static constexpr std::size_t max_levels = 4;  ///< r*, r*/2, r*/4, 0
+
+  /// @brief Room for every count's stride records, so that choosing never allocates.
+  void reserve(std::size_t subgroups, std::uint32_t max_stride) {
+    for (StrideExplorer& e : explorers_) e.reserve(static_cast<std::uint32_t>(std::min<std::size_t>(max_stride, subgroups)));
+  }
+
+  /// @brief Builds this step's plan over the residency in force; returns its predicted
+  ///        seconds. `plan.explored` marks a challenger's step in a duel, or a stride
+  ///        explored.
+  template <class Request>
+  double choose(const Request& r, std::uint32_t max_stride, Plan& plan, Plan& scratch, const ExploreSettings& s) {
+    const auto count = static_cast<std::size_t>(std::count(r.residency.begin(), r.residency.end(), Place::resident));
+    settings_ = s;
+    if (levels_ == 0) start(count, r.residency.size());
+    else if (count == level_[want_]) in_force_ = want_;
+    else if (want_ != in_force_) adopt(count);  // the move asked for did not happen
+    else restart(count, r.residency.size());    // moved from outside: the policy set anew
+    // Once the search is over, between the strides' own duels: a return match first,
+    // then a count the running one fell far behind, then the most overdue re-check.
+    if (!dueling_ && !searching_ && !explorers_[in_force_].dueling()) {
+      if (rematch_ != none && clock_ >= rematch_at_) {
+        start_duel(std::exchange(rematch_, none), Duel::return_match);
+      } else if (const std::size_t ahead = far_ahead(); ahead != none) {
+        start_duel(ahead, Duel::recheck);
+      } else {
+        std::size_t due = none;
+        for (std::size_t l = 0; l < levels_; ++l)
+          if (l != incumbent_ && recheck_at_[l] >= 0 && clock_ >= recheck_at_[l] &&
+              (due == none || recheck_at_[l] < recheck_at_[due]))
+            due = l;
+        if (due != none) start_duel(due, Duel::recheck);
+      }
+    }
+    if (!dueling_) {
+      StrideExplorer& e = explorers_[in_force_];
+      const std::int64_t before = e.settled_after();
+      const double t = e.choose(r, r.residency, max_stride, plan, scratch, s);
+      if (e.settled_after() != before) settled_after_ = clock_ + 1;  // it explored while settling
+      return t;
+    }
+    // A step of the duel: the count at the stride it measured best, or streaming
+    // nothing (the model's stride may be what is wrong; no residents then is all-CPU).
+    double t = detail::stride_plan(r, r.residency, plan, explorers_[in_force_].running().value_or(0));
+    if (!plan.fallback.empty()) {  // that stride no longer fits the staging budget
+      const std::string_view reason = plan.fallback;
+      t = detail::stride_plan(r, r.residency, plan, 0);
+      plan.fallback = reason;
+    }
+    plan.explored = in_force_ != incumbent_;
+    return t;
+  }
+
+  /// @brief Records the measured time of a step that ran the plan chosen last.
+  void observe(const StepTimeline& t) {
+    ++clock_;
+    if (levels_ == 0) return;  // nothing chosen yet
+    if (!dueling_) {
+      StrideExplorer& e = explorers_[in_force_];
+      const std::int64_t before = e.settled_after();
+      e.observe(t);
+      if (e.settled_after() != before) settled_after_ = clock_;  // a duel of strides won
+      return;
+    }
+    const std::size_t side = in_force_ == incumbent_ ? 0 : 1;
+    // The incumbent's steps ran its running stride, not to explore: they are its
+    // explorer's measurements too, so that its estimate stays current.
+    if (side == 0) explorers_[incumbent_].observe(t);
+    pair_[side] = t.measured_seconds > 0 ? t.measured_seconds : inf;
+    fastest_[in_force_] = std::min(fastest_[in_force_], pair_[side]);
+    if (++steps_in_pair_ < 2) {  // the pair's other side next
+      want_ = side == 0 ? challenger_ : incumbent_;
+      return;
+    }
+    steps_in_pair_ = 0;  // the next pair begins with the side that ran last
+    // A step that measured nothing is no evidence: the incumbent stays.
+    if (!std::isfinite(pair_[0]) || !std::isfinite(pair_[1])) return end_duel(false);
+    bool won = false;
+    const bool over = score_.add(pair_[0], pair_[1], won);
+    const bool out_of_reach = !(pair_[1] <= settings_.max_slowdown * pair_[0]);
+    const bool lost = score_.pairs == detail::DuelScore::clear && score_.clear_loss();
+    if (over || out_of_reach || lost) end_duel(won && !out_of_reach && !lost);
+  }
+
+  /// @brief The residency wanted from the next step, into @p out, if it is not the one
+  ///        in force.
+  bool next_residency(std::vector<Place>& out) const {
+    if (levels_ == 0 || want_ == in_force_) return false;
+    resident_prefix(out, subgroups_, level_[want_]);
+    return true;
+  }
+
+  /// @brief The counts compared, r* first.
+  std::span<const std::size_t> levels() const noexcept { return {level_.data(), levels_}; }
+  /// @brief The count in force.
+  std::size_t residents() const noexcept { return levels_ == 0 ? 0 : level_[in_force_]; }
+  /// @brief Whether the counts are still being compared for the first time (or again,
+  ///        after a re-check found the machine changed).
+  bool searching() const noexcept { return searching_; }
+  /// @brief The explorer of the strides over the count in force.
+  const StrideExplorer& strides() const noexcept { return explorers_[in_force_]; }
+  /// @brief Steps observed so far.
+  std::int64_t steps() const noexcept { return clock_; }
+  /// @brief The step after the last one that changed the count, ended a search, or
+  ///        settled the strides (an exploring step of the sweep, or a duel won; see
+  ///        `StrideExplorer::settled_after`).
+  std::int64_t settled_after() const noexcept { return settled_after_; }
+
+ private:
+  static constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+  static constexpr double inf = std::numeric_limits<double>::infinity();
+  enum class Duel { search, return_match, recheck };
+
+  void start(std::size_t count, std::size_t subgroups) {
+    subgroups_ = subgroups;
+    levels_ = 0;
+    for (const std::size_t c : {count, count / 2, count / 4, std::size_t{0}})
+      if (levels_ == 0 || c < level_[levels_ - 1]) level_[levels_++] = c;
+    in_force_ = want_ = incumbent_ = 0;
+    // The opening, r* against none; then the counts between, r*/2 first.
+    const std::size_t last = levels_ - 1;
+    order_size_ = next_ = 0;
+    if (last > 0) order_[order_size_++] = last;
+    for (std::size_t l = 1; l < last; ++l) order_[order_size_++] = l;
+    searching_ = order_size_ > 0;
+    if (searching_) start_duel(order_[next_++], Duel::search);
+  }
+
+  // Everything measured is forgotten (the room reserved for it kept).
+  void forget() {
+    for (StrideExplorer& e : explorers_) e.forget();
+    recheck_at_.fill(-1);
+    wait_.fill(0);
+    fastest_.fill(inf);
+    rematch_ = none;
+    searching_ = dueling_ = false;
+  }
+
+  // What is in force is not a count of the search: it is the only one from now on.
+  void adopt(std::size_t count) {
+    forget();
+    level_[0] = count;
+    levels_ = 1;
+    in_force_ = want_ = incumbent_ = 0;
+  }
+
+  void restart(std::size_t count, std::size_t subgroups) {
+    forget();
+    start(count, subgroups);
+  }
+
+  // A count whose fastest step in its last duel beat the running count's estimate by
+  // more than `max_slowdown` times (the machine changed: another job took the
+  // device): it challenges at once, whatever its wait. None if there is none.
+  std::size_t far_ahead() const {
+    const StrideExplorer& e = explorers_[in_force_];
+    const std::optional<std::uint32_t> k = e.running();
+    if (!k || e.records()[*k].kept == 0) return none;
+    const double running = e.records()[*k].estimate();
+    std::size_t ahead = none;
+    for (std::size_t l = 0; l < levels_; ++l)
+      if (l != in_force_ && running > settings_.max_slowdown * fastest_[l] && (ahead == none || fastest_[l] < fastest_[ahead]))
+        ahead = l;
+    return ahead;
+  }
+
+  // The incumbent runs first: the duel begins where the residents are.
+  void start_duel(std::size_t challenger, Duel kind) {
+    fastest_[incumbent_] = fastest_[challenger] = inf;  // what this duel measures replaces it
+    challenger_ = challenger;
+    kind_ = kind;
+    dueling_ = true;
+    steps_in_pair_ = 0;
+    score_.restart();
+  }
+
+  // Count l lost a duel by @p excess (its time over the winner's, less one): it is
+  // re-checked later, the later the slower it ran and the more re-checks it lost.
+  void schedule(std::size_t l, double excess, bool lost_recheck) {
+    const auto stale = static_cast<std::int64_t>(settings_.stale_after);
+    wait_[l] = lost_recheck ? std::min(2 * std::max(wait_[l], stale), 16 * stale) : stale;
+    // A re-check costs its pairs' steps of the slower count: waiting in proportion to
+    // how much slower it ran keeps that at `close / stale_after` of a step on average,
+    // as for the strides. (Clamped: a `close` of almost 0 must not overflow the clock.)
+    const double scale = settings_.close > 0 ? std::max(1.0, excess / settings_.close) : 1.0;
+    const double wait = std::min(static_cast<double>(wait_[l]) * scale, 1e15);
+    recheck_at_[l] = clock_ + static_cast<std::int64_t>(std::ceil(wait));
+  }
+
+  void end_duel(bool won) {
+    dueling_ = false;
+    const std::size_t c = challenger_, last = levels_ - 1;
+    const std::size_t loser = won ? incumbent_ : c;
+    // How much slower the loser ran, side by side (0 if no pair was complete).
+    const double ratio = score_.pairs > 0 ? score_.median_ratio() : 1;
+    schedule(loser, std::max(0.0, won ? 1 / ratio - 1 : ratio - 1), kind_ == Duel::recheck && !won);
+    const bool slower_going_down = !won && incumbent_ < c && c != last;
+    if (won) {
+      // One duel on a shared machine can be lost to a few slow steps: the count that
+      // lost its place meets the winner again, once, `explore_every` steps later
+      // (unless it just won its place back).
+      if (kind_ != Duel::return_match) rematch_ = incumbent_, rematch_at_ = clock_ + settings_.explore_every;
+      recheck_at_[c] = -1;
+      incumbent_ = c;
+      settled_after_ = clock_;
+    }
+    want_ = incumbent_;
+    if (kind_ == Duel::recheck && won) {
+      // The machine changed: the counts below the new one challenge it in turn (the
+      // one it beat excepted, which has its return match).
+      searching_ = true;
+      order_size_ = next_ = 0;
+      for (std::size_t l = c + 1; l <= last; ++l) order_[order_size_++] = l;
+    }
+    if (!searching_) return;
+    // The search goes on unless going down from a larger count made the step slower.
+    while (!slower_going_down && next_ < order_size_)
+      if (const std::size_t l = order_[next_++]; l != incumbent_ && l != rematch_) return start_duel(l, Duel::search);
+    searching_ = false;
+    settled_after_ = clock_;
+  }
+
+  std::array<std::size_t, max_levels> level_{};         // resident counts, r* first, 0 last
+  std::size_t levels_ = 0;                              // how many; 0 before the first choice
+  std::array<StrideExplorer, max_levels> explorers_{};  // per count: the strides over the others
+  std::array<std::int64_t, max_levels> recheck_at_{-1, -1, -1, -1};  // per count: its re-check; -1 none
+  std::array<std::int64_t, max_levels> wait_{};         // per count: its wait, before scaling
+  std::array<double, max_levels> fastest_{inf, inf, inf, inf};  // per count: its fastest step in its last duel
+  std::size_t subgroups_ = 0;
+  std::size_t in_force_ = 0;   // the count the last choice saw
+  std::size_t want_ = 0;       // the count asked for from the next step
+  std::size_t incumbent_ = 0;  // the count that runs when nothing is compared
+  std::size_t challenger_ = 0;
+  Duel kind_ = Duel::search;
+  bool searching_ = false;
+  bool dueling_ = false;
+  std::array<std::size_t, max_levels> order_{};  // the search's challengers, in turn
+  std::size_t order_size_ = 0;
+  std::size_t next_ = 0;           // the next of them
+  std::size_t rematch_ = none;     // the count that lost its place and meets the winner again
+  std::int64_t rematch_at_ = 0;
+  std::uint32_t steps_in_pair_ = 0;
+  std::array<double, 2> pair_{inf, inf};  // this pair's steps: incumbent, challenger
+  detail::DuelScore score_;
+  ExploreSettings settings_{};
+  std::int64_t clock_ = 0;
+  std::int64_t settled_after_ = 0;
+};
+
+}  // namespace dos

@@ -1,0 +1,234 @@
+// ResidencyExplorer, through ResidentThenStride, on a scripted machine where a step's
+// time depends on the resident count and the stride (support/scripted_policy.hpp), with
+// the residents moved as the policy asks. Properties: the policy settles on the count
+// that measures fastest among those it compares, whatever the model promised; once
+// settled it costs at most 2% over that count and over no residents at all; a count
+// far slower is dropped after one pair; a machine that changes is followed; and where
+// the residents cannot move, it stops asking.
+
+#include "support/inputs.hpp"
+#include "support/scripted_policy.hpp"
+
+#include <dos/schedule/any_policy.hpp>
+#include <dos/schedule/residency_explorer.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+using namespace dos;
+using namespace dos::test::scripted;
+
+namespace {
+
+const ResidencyExplorer& explorer_of(const ResidentRun& r) { return r.policy.target<ResidentThenStride>()->explorer; }
+
+// Steps [from, to) of @p r.
+ResidentRun slice_residents(const ResidentRun& r, int from, int to) {
+  ResidentRun out;
+  for (int i = from; i < to; ++i) {
+    const auto j = static_cast<std::size_t>(i);
+    out.residents.push_back(r.residents[j]);
+    out.k.push_back(r.k[j]);
+    out.explored.push_back(r.explored[j]);
+    out.seconds.push_back(r.seconds[j]);
+  }
+  return out;
+}
+
+int steps_with(const ResidentRun& r, std::size_t residents, int from = 0) {
+  int n = 0;
+  for (std::size_t i = static_cast<std::size_t>(from); i < r.residents.size(); ++i) n += r.residents[i] == residents;
+  return n;
+}
+
+// Streaming costs 50% on top of the residents' time at every k: the stride over the
+// others stays 0 once measured, and is rarely re-checked, so the tests are about the
+// count (test_explorer tests the strides).
+double with_stride(double t, std::uint32_t k) { return k == 0 ? t : 1.5 * t; }
+
+}  // namespace
+
+TEST_CASE("the model right: residents help, and the policy keeps the model's count") {
+  // 16 subgroups fit; each resident saves 4% of the all-CPU step.
+  const auto t = [](std::size_t r, std::uint32_t k) { return with_stride(1.0 - 0.04 * static_cast<double>(r), k); };
+  const ResidentScenario sc{t, [&](std::size_t r, std::uint32_t k, int) { return t(r, k); }};
+  const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 300);
+  CHECK(run.residents[0] == 16);
+  CHECK_FALSE(run.explored[0]);
+  CHECK(settled_residents(run, 16) == 0);
+  // No residents ran 2.8x slower than 16: dropped after one pair (max_slowdown).
+  CHECK(steps_with(run, 0) == 1);
+  // r*/2 is within reach (1.9x): it loses clearly after three pairs; the search stops
+  // there, since going down made the step slower. Their re-checks are due hundreds of
+  // steps later (the slower they ran, the later).
+  CHECK(steps_with(run, 8) == 3);
+  CHECK(steps_with(run, 4) == 0);
+  CHECK(run.mean(150, 300) <= 1.02 * t(16, 0));
+  const ResidencyExplorer& e = explorer_of(run);
+  CHECK(std::vector<std::size_t>(e.levels().begin(), e.levels().end()) == std::vector<std::size_t>{16, 8, 4, 0});
+  CHECK_FALSE(e.searching());
+  CHECK(e.residents() == 16);
+}
+
+TEST_CASE("the model wrong: every resident slows the step, and the policy drops them all") {
+  // What the 2-vCPU VMs show with the emulated device (docs/design.md): the model
+  // promises 3% per resident, and each costs 2%.
+  const ResidentScenario sc{[](std::size_t r, std::uint32_t k) { return with_stride(1.0 - 0.03 * static_cast<double>(r), k); },
+                            [](std::size_t r, std::uint32_t k, int) { return with_stride(1.0 + 0.02 * static_cast<double>(r), k); }};
+  const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 300);
+  CHECK(run.residents[0] == 16);
+  CHECK(settled_residents(run, 0) <= 40);
+  CHECK(run.mean(150, 300) <= 1.02 * 1.0);
+  // Settled counts the strides' sweep over no residents too.
+  CHECK(explorer_of(run).settled_after() > settled_residents(run, 0));
+  CHECK(explorer_of(run).settled_after() <= 80);
+  // The opening, r*/2 and r*/4 against no residents, and r*'s return match: four
+  // duels of at most four pairs, one move per pair and one back after each.
+  const ResidentRun early = drive_resident(ResidentThenStride{}, sc, 100);
+  CHECK(early.moves <= 4 * 5);
+}
+
+TEST_CASE("a count between is the best: the search reaches it past a tie") {
+  // The step is fastest with 4 residents; 8 ties with none, 16 is far slower.
+  const auto truth = [](std::size_t r) { return 0.936 + 0.004 * std::pow(static_cast<double>(r) - 4, 2); };
+  const ResidentScenario sc{[](std::size_t r, std::uint32_t k) { return with_stride(1.0 - 0.03 * static_cast<double>(r), k); },
+                            [&](std::size_t r, std::uint32_t k, int) { return with_stride(truth(r), k); }};
+  const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 300);
+  CHECK(settled_residents(run, 4) <= 50);
+  CHECK(run.mean(150, 300) <= 1.02 * truth(4));
+}
+
+TEST_CASE("the machine changes: a re-check finds that residents now slow the step, and the counts below follow") {
+  // Residents help until step 50; then each costs 5% (another job took the device).
+  constexpr int steps = 1000, change = 50;
+  const auto before = [](std::size_t r) { return 1.0 - 0.04 * static_cast<double>(r); };
+  const auto after = [](std::size_t r) { return 1.0 + 0.05 * static_cast<double>(r); };
+  const ResidentScenario sc{[&](std::size_t r, std::uint32_t k) { return with_stride(before(r), k); },
+                            [&](std::size_t r, std::uint32_t k, int step) {
+                              return with_stride(step < change ? before(r) : after(r), k);
+                            }};
+  ResidentThenStride p;
+  p.explore.stale_after = 50;
+  const ResidentRun run = drive_resident(p, sc, steps);
+  for (int i = 10; i < change; ++i) CHECK(run.residents[static_cast<std::size_t>(i)] == 16);
+  // The last loser, 8, ran 1.9x slower than 16 in the search: it challenges again
+  // 0.9 / close times stale_after steps later, wins, and 4 and then none win in turn.
+  int back_to_none = steps;
+  for (int i = change; i < steps; ++i)
+    if (run.residents[static_cast<std::size_t>(i)] == 0 && !run.explored[static_cast<std::size_t>(i)]) {
+      back_to_none = i;
+      break;
+    }
+  CHECK(back_to_none > change);
+  CHECK(back_to_none <= 10 + 0.9 / 0.25 * 50 + 30);
+  CHECK(settled_residents(run, 0) <= back_to_none);
+  // Later, only re-checks of 4, 8 and 16 (20-80% slower now), each lost clearly in
+  // three pairs, each count's waits doubling with every loss to 16 * stale_after:
+  // over the last 500 steps, at most a few each. (What the steps cost besides is the
+  // strides' re-checks, every stale_after = 50 steps here: test_explorer.)
+  CHECK(std::count_if(run.residents.begin() + steps / 2, run.residents.end(), [](std::size_t r) { return r != 0; }) <= 12);
+}
+
+TEST_CASE("a noisy machine: the residents cost the settled policy nothing, whatever the phases") {
+  // Every step +-5%, and 1.4x slower in phases of ~25 steps, whatever it runs; the
+  // residents cost 2% each, and the model promises 3%. Against AutomaticStride on the
+  // same machine (which keeps no residents, and whose re-checks of the eight strides
+  // cost it 1-2% here: test_explorer holds it to all-CPU), the search and re-checks
+  // of the counts add at most 1% of all-CPU's time over the late half.
+  constexpr int steps = 600;
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    test::Rng rng(seed);
+    std::vector<double> factor(static_cast<std::size_t>(steps));
+    double level = 1;
+    for (double& f : factor) {
+      if (rng.below(25) == 0) level = level == 1 ? 1.4 : 1;
+      f = level * (1 + static_cast<double>(rng.uniform(-0.05f, 0.05f)));
+    }
+    const ResidentScenario sc{[](std::size_t r, std::uint32_t k) { return with_stride(1.0 - 0.03 * static_cast<double>(r), k); },
+                              [&](std::size_t r, std::uint32_t k, int step) {
+                                return with_stride(1.0 + 0.02 * static_cast<double>(r), k) * factor[static_cast<std::size_t>(step)];
+                              }};
+    const ResidentRun run = drive_resident(ResidentThenStride{}, sc, steps);
+    const ResidentRun plain = drive_resident(AutomaticStride{}, sc, steps);
+    double late_cpu = 0;
+    for (int i = steps / 2; i < steps; ++i) late_cpu += factor[static_cast<std::size_t>(i)];
+    late_cpu /= steps - steps / 2;
+    CAPTURE(seed);
+    CHECK(run.mean(steps / 2, steps) <= plain.mean(steps / 2, steps) + 0.01 * late_cpu);
+    CHECK(steps_with(run, 16, steps / 2) <= 4);  // one re-check at most, 32% slower
+    CHECK(settled_residents(run, 0) <= 60);
+  }
+}
+
+TEST_CASE("the residents cannot move: the policy stops asking and keeps the count in force") {
+  const ResidentScenario sc{[](std::size_t r, std::uint32_t k) { return with_stride(1.0 - 0.03 * static_cast<double>(r), k); },
+                            [](std::size_t r, std::uint32_t k, int) { return with_stride(1.0 + 0.02 * static_cast<double>(r), k); }};
+  const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 100, /*follow=*/false);
+  CHECK(std::all_of(run.residents.begin(), run.residents.end(), [](std::size_t r) { return r == 16; }));
+  const ResidencyExplorer& e = explorer_of(run);
+  CHECK_FALSE(e.searching());
+  CHECK(e.levels().size() == 1);
+  std::vector<Place> out;
+  CHECK_FALSE(run.policy.target<ResidentThenStride>()->next_residency(out));
+}
+
+TEST_CASE("no room for residents: the policy is AutomaticStride") {
+  // The model's count is 0 (nothing fits): nothing to compare, the strides explored.
+  const std::vector<double> t{1.0, 1.6, 0.9, 0.8, 0.7, 0.75, 0.8, 0.85, 0.9};
+  const Run a = drive(AutomaticStride{}, fixed(t, t), 100);
+  const Run r = drive(ResidentThenStride{}, fixed(t, t), 100);
+  CHECK(a.k == r.k);
+  CHECK(a.explored == r.explored);
+  CHECK(r.policy.target<ResidentThenStride>()->explorer.levels().size() == 1);
+}
+
+TEST_CASE("small counts: r* of 1, 2 and 3 compare what they can") {
+  for (const std::size_t best : {1u, 2u, 3u}) {
+    CAPTURE(best);
+    // The model and the machine agree: `best` residents are fastest.
+    const auto t = [best](std::size_t r, std::uint32_t k) {
+      return with_stride(1.0 + 0.01 * std::pow(static_cast<double>(r) - static_cast<double>(best), 2), k);
+    };
+    const ResidentRun run = drive_resident(ResidentThenStride{}, ResidentScenario{t, [&](std::size_t r, std::uint32_t k, int) { return t(r, k); }}, 200);
+    const ResidencyExplorer& e = explorer_of(run);
+    const std::vector<std::size_t> levels(e.levels().begin(), e.levels().end());
+    CHECK(levels == (best == 1 ? std::vector<std::size_t>{1, 0} : std::vector<std::size_t>{best, 1, 0}));
+    CHECK(settled_residents(run, best) == 0);
+    CHECK(run.mean(100, 200) <= 1.02 * t(best, 0));
+  }
+}
+
+TEST_CASE("the residency changed from outside (a used policy set anew): the search starts afresh") {
+  // Every resident slows the step. After 100 steps the policy, settled on none, is set
+  // again: its residency (the model's 16) moves in, and it must find none again.
+  const ResidentScenario sc{[](std::size_t r, std::uint32_t k) { return with_stride(1.0 - 0.03 * static_cast<double>(r), k); },
+                            [](std::size_t r, std::uint32_t k, int) { return with_stride(1.0 + 0.02 * static_cast<double>(r), k); }};
+  const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 200, true, [](int step, std::vector<Place>& residency) {
+    if (step == 100) resident_prefix(residency, residency.size(), 16);
+  });
+  CHECK(run.residents[99] == 0);
+  CHECK(run.residents[100] == 16);
+  const ResidentRun after = slice_residents(run, 100, 200);
+  CHECK(settled_residents(after, 0) <= 40);
+  CHECK(explorer_of(run).levels().size() == 4);
+}
+
+TEST_CASE("the running count falls far behind (another job took the device): a count ahead challenges at once") {
+  // Residents help until step 100; then each costs 12.5% (16 residents 3x all-CPU's
+  // time). The counts that lost early are due for their re-checks hundreds of steps
+  // later, but 8 measured under half of what 16 now takes.
+  constexpr int steps = 300, change = 100;
+  const auto before = [](std::size_t r) { return 1.0 - 0.04 * static_cast<double>(r); };
+  const auto after = [](std::size_t r) { return 1.0 + 0.125 * static_cast<double>(r); };
+  const ResidentScenario sc{[&](std::size_t r, std::uint32_t k) { return with_stride(before(r), k); },
+                            [&](std::size_t r, std::uint32_t k, int step) {
+                              return with_stride(step < change ? before(r) : after(r), k);
+                            }};
+  const ResidentRun run = drive_resident(ResidentThenStride{}, sc, steps);
+  CHECK(run.residents[change - 1] == 16);
+  CHECK(settled_residents(slice_residents(run, change, steps), 0) <= 40);
+  CHECK(run.mean(steps / 2, steps) <= 1.02 * after(0));
+}

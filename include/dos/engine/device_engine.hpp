@@ -221,10 +221,9 @@ class DeviceEngine {
           throw_invalid_argument("policy {} would keep other subgroups resident than policy {}, and the coming "
                                  "step's plan is already chosen: change the residency before begin_backward() or "
                                  "after step()", p.name(), policy_.name());
-        move_residents(theirs);  // also frees the homes the old policy kept for a return
+        move_residents(theirs);
       } else {
-        for (std::size_t s = 0; s < io_.size(); ++s)  // homes the old policy kept for a return
-          if (residency_[s] != Place::resident) io_[s].home = decltype(io_[s].home)();
+        drop_kept_homes(theirs);
       }
     }
     policy_ = std::move(next);
@@ -284,15 +283,13 @@ class DeviceEngine {
         pull_resident(s);
         residency_[s] = Place::cpu;
       }
-    // Homes kept for a return: all of them but those about to be used again go, unless
-    // this move keeps them and they fit, with the new residents, in the memory set
-    // aside for residents (a policy's moves need not be nested).
+    // Homes kept for a return stay only if this move keeps them and they fit, with the
+    // new residents, in the memory set aside for residents (a policy's moves need not
+    // be nested).
     std::size_t held = 0;
     for (std::size_t s = 0; s < to.size(); ++s)
       if (io_[s].home.data() != nullptr || to[s] == Place::resident) held += io_[s].layout.bytes;
-    const bool keep = keep_homes && held <= residency_request_.first;
-    for (std::size_t s = 0; s < to.size(); ++s)
-      if (residency_[s] != Place::resident && to[s] != Place::resident && !keep) io_[s].home = Home();
+    if (!keep_homes || held > residency_request_.first) drop_kept_homes(to);
     for (std::size_t s = 0; s < to.size(); ++s)
       if (to[s] == Place::resident && residency_[s] != Place::resident) {
         if (io_[s].home.data() == nullptr) io_[s].home = Home(io_[s].layout.bytes, b_.device_memory());
@@ -304,6 +301,12 @@ class DeviceEngine {
         }
         residency_[s] = Place::resident;
       }
+  }
+
+  // Frees the homes kept for a return, but those of subgroups @p to makes resident.
+  void drop_kept_homes(const std::vector<Place>& to) {
+    for (std::size_t s = 0; s < to.size(); ++s)
+      if (residency_[s] != Place::resident && to[s] != Place::resident) io_[s].home = decltype(io_[s].home)();
   }
 
   // The policy asked, after a step, for other residents from the next one (it measures

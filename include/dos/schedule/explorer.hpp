@@ -34,6 +34,11 @@ constexpr void sort_first(std::array<double, N>& x, std::size_t n) noexcept {
     for (std::size_t j = i; j > 0 && x[j - 1] > x[j]; --j) std::swap(x[j - 1], x[j]);
 }
 
+/// The largest stride worth a record: one past the subgroups streams what the last does.
+inline std::uint32_t candidates(std::uint32_t max_stride, std::size_t subgroups) {
+  return static_cast<std::uint32_t>(std::min<std::size_t>(max_stride, subgroups));
+}
+
 /// The score of a duel: pairs of times, the incumbent's then the challenger's, each a
 /// step (`StrideExplorer`) or the fastest step of a block of steps
 /// (`ResidencyExplorer`), and the verdict on them (docs/design.md, "Choosing the split").

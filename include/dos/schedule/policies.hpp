@@ -32,10 +32,6 @@ inline void no_residents(const ResidencyRequest& r, std::vector<Place>& out) { o
 inline void check_max_stride(std::uint32_t max_stride) {
   if (max_stride < 1) throw_invalid_argument("policy max_stride must be >= 1, got {}", max_stride);
 }
-// The largest stride worth a record: one past the subgroups streams what the last does.
-inline std::uint32_t candidates(std::uint32_t max_stride, std::size_t subgroups) {
-  return static_cast<std::uint32_t>(std::min<std::size_t>(max_stride, subgroups));
-}
 }  // namespace detail
 
 /// @brief Every subgroup on the CPU.

@@ -68,7 +68,7 @@ class ResidencyExplorer {
 
   /// @brief Room for every count's stride records, so that choosing never allocates.
   void reserve(std::size_t subgroups, std::uint32_t max_stride) {
-    for (StrideExplorer& e : explorers_) e.reserve(static_cast<std::uint32_t>(std::min<std::size_t>(max_stride, subgroups)));
+    for (StrideExplorer& e : explorers_) e.reserve(detail::candidates(max_stride, subgroups));
   }
 
   /// @brief Builds this step's plan over the residency in force; returns its predicted

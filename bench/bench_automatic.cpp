@@ -40,6 +40,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -139,13 +141,23 @@ double paired(const Contender& a, const Contender& b) {
 
 RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::vector<float>& grad,
                    const Settings& s, bool trace) {
+  // Each round runs the fixed strides and static_fraction, in an order that starts one
+  // further along each round, then the four compared contenders (both automatic
+  // policies, all-CPU and its control copy) in a shuffled order. The compared pairs run
+  // a few milliseconds apart, not a round apart, and none of them always follows the
+  // same contender: a step run right after a streaming one was measured 1-3% slower
+  // than the same plan after an all-CPU step, which in a fixed cycle biased every
+  // ratio against whichever contender followed the last stride.
   std::vector<Contender> cs;
-  cs.push_back({"all_cpu", dos::AllCpu{}, {}, {}, {}});
-  for (std::uint32_t k = 1; k <= 8; ++k) cs.push_back({fmt::format("stride_{}", k), dos::FixedStride{k}, {}, {}, {}});
-  cs.push_back({"automatic", dos::AutomaticStride{}, {}, {}, {}});
-  cs.push_back({"static_fraction", dos::StaticFraction{0.25}, {}, {}, {}});
   cs.push_back({"resident_then_stride", dos::ResidentThenStride{}, {}, {}, {}});
+  cs.push_back({"automatic", dos::AutomaticStride{}, {}, {}, {}});
+  cs.push_back({"all_cpu", dos::AllCpu{}, {}, {}, {}});
   cs.push_back({"all_cpu_again", dos::AllCpu{}, {}, {}, {}});
+  cs.push_back({"static_fraction", dos::StaticFraction{0.25}, {}, {}, {}});
+  for (std::uint32_t k = 1; k <= 8; ++k) cs.push_back({fmt::format("stride_{}", k), dos::FixedStride{k}, {}, {}, {}});
+  const auto named = [&](std::string_view name) -> const Contender& {
+    return *std::find_if(cs.begin(), cs.end(), [&](const Contender& c) { return c.name == name; });
+  };
   for (Contender& c : cs) {
     c.values.assign(elements, 0.5f);
     std::vector<dos::HostParam<float>> params;
@@ -160,10 +172,16 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
     c.opt->step();  // first touch of the state, outside the measured steps
   }
   std::string ks, rks;
+  constexpr std::size_t compared = 4;  // the first four of cs
+  std::mt19937 shuffle(12345);
+  std::vector<std::size_t> order(cs.size());
   for (int step = 0; step < s.steps; ++step) {
-    // A different contender goes first each round, so none always follows another.
-    for (std::size_t i = 0; i < cs.size(); ++i) {
-      Contender& c = cs[(i + static_cast<std::size_t>(step)) % cs.size()];
+    const std::size_t others = cs.size() - compared;
+    for (std::size_t i = 0; i < others; ++i) order[i] = compared + (i + static_cast<std::size_t>(step)) % others;
+    std::iota(order.begin() + static_cast<std::ptrdiff_t>(others), order.end(), std::size_t{0});
+    std::shuffle(order.begin() + static_cast<std::ptrdiff_t>(others), order.end(), shuffle);
+    for (const std::size_t i : order) {
+      Contender& c = cs[i];
       const dos::StepReport r = c.opt->step();
       c.seconds.push_back(r.seconds);
       c.strides.push_back(r.device_subgroups > 0 ? r.stride : 0);
@@ -177,11 +195,11 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
   if (trace) {
     // Each automatic step's time over the fixed contender of the same plan in that
     // round: near 1 when what the policy measured is what that plan takes.
-    const Contender& a = *std::find_if(cs.begin(), cs.end(), [](const Contender& c) { return c.name == "automatic"; });
+    const Contender& a = named("automatic");
     std::string line;
     for (std::size_t i = 0; i < a.seconds.size(); ++i) {
       const std::uint32_t k = a.strides[i];
-      const Contender& same = cs[k];  // all_cpu, then stride_1 .. stride_8
+      const Contender& same = k == 0 ? named("all_cpu") : named(fmt::format("stride_{}", k));
       line += fmt::format(" {}:{:.1f}/{:.2f}", k, a.seconds[i] * 1e3, a.seconds[i] / same.seconds[i]);
     }
     fmt::print("  automatic ms / same plan's fixed contender, by step:{}\n", line);
@@ -191,9 +209,6 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
     for (const Contender& c : cs) lates += fmt::format(" {} {:.2f}", c.name, late_median(c) * 1e3);
     fmt::print("  last-half medians, ms:{}\n", lates);
   }
-  const auto named = [&](std::string_view name) -> const Contender& {
-    return *std::find_if(cs.begin(), cs.end(), [&](const Contender& c) { return c.name == name; });
-  };
   // The best fixed contender is the one with the shortest median late step; each ratio
   // is the median over the late steps of the two contenders' times in the same round.
   const Contender* best = &named("all_cpu");

@@ -231,6 +231,28 @@ TEST_CASE("duels: a candidate whose sweep steps were all slow gets its playoff, 
   CHECK(r.reckless == 0);
 }
 
+TEST_CASE("duels: all-CPU gets its playoff even when its sweep steps were far slower than the winner's") {
+  // What bench_automatic met on the Zen 5 VM: the first steps of a run are the
+  // slowest, and all-CPU's sweep step fell there (2.4x its later time) while the
+  // strides were measured later. k = 8 then looked fastest though it ran 1.35x slower
+  // than all-CPU; all-CPU, too far behind for a playoff, was never run again, and the
+  // run settled on k = 8.
+  const std::vector<double> truth{1.0, 3.8, 2.6, 2.1, 1.8, 1.75, 1.55, 1.5, 1.35};
+  const std::vector<double> predicted{1.0, 1.5, 0.9, 0.85, 0.8, 0.85, 0.9, 0.95, 1.0};
+  for (const int warm_up : {4, 6}) {
+    CAPTURE(warm_up);
+    int slow_cpu_steps = 0;
+    const Scenario sc{predicted, [&](std::uint32_t k, int step) {
+                        slow_cpu_steps += step < warm_up && k == 0;
+                        return truth[k] * (step < warm_up ? 2.4 : 1.0);
+                      }};
+    const Run r = drive(AutomaticStride{}, sc, 300);
+    REQUIRE(slow_cpu_steps >= 1);
+    CHECK(settled(r, 0) <= 60);  // after the closer candidates' playoffs
+    check_guarantee(r, truth, 300);
+  }
+}
+
 TEST_CASE("duels: a running candidate that falls far behind is challenged at once, however long all-CPU must wait") {
   // k = 8 truly 10% faster than all-CPU. Runs of six slow steps from 100, 150 and 230
   // each set off a challenge by all-CPU, which it loses: its wait doubles to over a

@@ -171,9 +171,13 @@ struct ExploreSettings {
 /// margin. Duels are fought, in this order of precedence:
 /// - a *return match*, `explore_every` steps after an incumbent lost its place, for it
 ///   (it does not challenge before);
-/// - *playoffs*, once each, right after the sweep, for the candidates whose fastest
-///   step came within `close` of the incumbent's (the sweep's few steps of a candidate
-///   may all have been slow ones), fastest first;
+/// - *playoffs*, once each, right after the sweep, for all-CPU whatever it measured
+///   (it is what the policy must never be slower than, and the first steps of a run
+///   can be the slowest: on the Zen 5 VM all-CPU's two sweep steps ran 1.6-2.4x its
+///   later time, and without its playoff a run settled 1.35x slower than all-CPU),
+///   and for the candidates whose fastest step came within `close` of the
+///   incumbent's (the sweep's few steps of a candidate may all have been slow ones);
+///   fastest first (all-CPU first instead delayed settling on noisy machines);
 /// - *challenges*, by a candidate whose fastest kept step (a re-check refreshes it)
 ///   beat the incumbent's by more than the margin, all-CPU first (it is what the
 ///   policy must never be slower than), then the fastest; a challenger that loses may
@@ -423,7 +427,10 @@ class StrideExplorer {
   void draw_playoffs(const ExploreSettings& s) {
     playoffs_drawn_ = true;
     const double incumbent_fastest = records_[incumbent_].fastest();
-    for (Record& c : records_) c.dueled = !(c.kept > 0 && c.fastest() <= (1 + s.close) * incumbent_fastest);
+    for (std::size_t k = 0; k < records_.size(); ++k) {
+      Record& c = records_[k];
+      c.dueled = !(c.kept > 0 && (k == 0 || c.fastest() <= (1 + s.close) * incumbent_fastest));
+    }
   }
 
   // Starts the next duel due, if one is (see the class comment for the order).

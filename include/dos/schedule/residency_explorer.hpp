@@ -44,8 +44,8 @@ namespace dos {
 /// per pair. The verdict is `StrideExplorer`'s: the challenger wins by more than 1%
 /// both by its two fastest steps and by the median of the pairs' ratios, or at once by
 /// a clear win; it loses at once by a clear loss (after three pairs, each of its steps
-/// slower than each of the incumbent's by the margin), if one of its steps ran more
-/// than `max_slowdown` times slower than the incumbent's paired one, or if a step
+/// slower than each of the incumbent's by the margin), if in two pairs its step ran
+/// more than `max_slowdown` times slower than the incumbent's paired one, or if a step
 /// measured no time. A count that lost its place meets the winner again in a return
 /// match, once, `explore_every` steps after the search (one duel on a shared machine
 /// can be lost to a few slow steps).
@@ -143,7 +143,12 @@ class ResidencyExplorer {
     if (!std::isfinite(pair_[0]) || !std::isfinite(pair_[1])) return end_duel(false);
     bool won = false;
     const bool over = score_.add(pair_[0], pair_[1], won);
-    const bool out_of_reach = !(pair_[1] <= settings_.max_slowdown * pair_[0]);
+    // Out of reach in two pairs, not one: the first pair's challenger step is the first
+    // after a move, where the moved subgroups' memory may still be cold (on the Zen 5
+    // VM no residents once lost its opening after one pair and never ran again);
+    // the second pair's order puts the incumbent's step after the move instead.
+    out_of_reach_pairs_ += pair_[1] <= settings_.max_slowdown * pair_[0] ? 0 : 1;
+    const bool out_of_reach = out_of_reach_pairs_ >= 2;
     const bool lost = score_.pairs == detail::DuelScore::clear && score_.clear_loss();
     if (over || out_of_reach || lost) end_duel(won && !out_of_reach && !lost);
   }
@@ -237,6 +242,7 @@ class ResidencyExplorer {
     kind_ = kind;
     dueling_ = true;
     steps_in_pair_ = 0;
+    out_of_reach_pairs_ = 0;
     score_.restart();
   }
 
@@ -306,6 +312,7 @@ class ResidencyExplorer {
   std::size_t rematch_ = none;     // the count that lost its place and meets the winner again
   std::int64_t rematch_at_ = 0;
   std::uint32_t steps_in_pair_ = 0;
+  std::uint32_t out_of_reach_pairs_ = 0;  // pairs of this duel the challenger ran out of reach
   std::array<double, 2> pair_{inf, inf};  // this pair's steps: incumbent, challenger
   detail::DuelScore score_;
   ExploreSettings settings_{};

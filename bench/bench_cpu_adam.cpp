@@ -150,6 +150,7 @@ void paired_case(std::size_t n, unsigned threads, int rounds, const char* type) 
   const dos::Options options{.subgroup_elements = n, .threads = threads, .huge_pages = std::getenv("DOS_NO_HUGE") == nullptr};
   std::vector<dos::HostParam<T>> whole{{value, grad}};
   std::vector<Contender> cs;
+  std::size_t parts_at = 0;  // the t 1-thread parts' place in cs; 0: none (at one thread)
   auto step = std::make_shared<dos::CpuOptimizer>(whole, dos::AdamW{.lr = 1e-6}, options);
   cs.push_back({"step", [step] { step->step(); }});
   // The same step on arrays left on 4 KiB pages (Options::caller_huge_pages off): what
@@ -172,6 +173,7 @@ void paired_case(std::size_t n, unsigned threads, int rounds, const char* type) 
       parts->push_back(std::make_unique<dos::CpuOptimizer>(
           part, dos::AdamW{.lr = 1e-6}, dos::Options{.subgroup_elements = e - b, .threads = 1}));
     }
+    parts_at = cs.size();
     cs.push_back({fmt::format("{} x 1-thread parts", threads), [parts] {
                     std::vector<std::jthread> others;
                     for (std::size_t t = 1; t < parts->size(); ++t) others.emplace_back([&, t] { (*parts)[t]->step(); });
@@ -261,8 +263,7 @@ void paired_case(std::size_t n, unsigned threads, int rounds, const char* type) 
   // whole round's second: this VM's bandwidth moves within a second, and a round of
   // every contender pairs the step with a probe run under other conditions.
   std::vector<Contender> verdict{{cs[0].name, cs[0].run}, {best->name, best->run, true}};
-  for (const auto& c : cs)
-    if (c.name.ends_with("1-thread parts")) verdict.push_back({c.name, c.run});
+  if (parts_at != 0) verdict.push_back({cs[parts_at].name, cs[parts_at].run});
   const int verdict_rounds = 2 * rounds + 1;
   run_rounds(verdict, verdict_rounds, reps);
   std::vector<double> step_ratio, parts_ratio;

@@ -26,8 +26,9 @@
 namespace dos {
 
 /// @brief The resident counts r*, r*/2, r*/4 and 0 (r*: the count the policy's model
-///        chose when it was set), compared side by side in duels of paired steps,
-///        with the residents moved between the steps.
+///        chose when it was set), then counts between the winner and its neighbours,
+///        compared side by side in duels of paired steps, with the residents moved
+///        between the steps.
 ///
 /// **The search.** The first duel is r* (the incumbent) against no residents (what the
 /// policy must never be slower than); then r*/2 and r*/4 challenge the winner so far in
@@ -38,6 +39,15 @@ namespace dos {
 /// wrong about; no residents is then exactly the all-CPU update). Smaller counts than
 /// r*/4 are not compared: on 16 subgroups each would move the step by a few percent at
 /// most, within what a duel on a shared machine can tell apart.
+///
+/// **The refinement.** The step's time need not fall or rise steadily with the count:
+/// on the Zen 5 VM at link 0.6, 4 residents of 16 ran 16% faster than the model's 6 and
+/// than 3 and none, the emulated device's Adam sharing the CPU's memory bandwidth. So
+/// after those duels, if some residents won, up to `max_refinements` more challenge the
+/// winner: each the count halfway to its nearest compared neighbour, on the side with
+/// the wider gap (fewer residents on a tie), until both gaps are one. Counts above r*
+/// are not tried (r* is what the model found room for), nor, when none won, counts
+/// below r*/4 (as in the search).
 ///
 /// **A duel** is `DuelScore::length` pairs of steps in the order incumbent,
 /// challenger, challenger, incumbent, incumbent, ... so that the residents move once
@@ -64,7 +74,8 @@ namespace dos {
 /// changed from outside (a used policy set anew), it starts afresh from that count.
 class ResidencyExplorer {
  public:
-  static constexpr std::size_t max_levels = 4;  ///< r*, r*/2, r*/4, 0
+  static constexpr std::size_t max_refinements = 2;  ///< counts between tried after the search
+  static constexpr std::size_t max_levels = 4 + max_refinements;  ///< r*, r*/2, r*/4, 0, then those
 
   /// @brief Room for every count's stride records, so that choosing never allocates.
   void reserve(std::size_t subgroups, std::uint32_t max_stride) {
@@ -161,7 +172,8 @@ class ResidencyExplorer {
     return true;
   }
 
-  /// @brief The counts compared, r* first.
+  /// @brief The counts compared: r*, r*/2, r*/4, 0 (those distinct), then the counts
+  ///        between tried in the refinement, in the order tried.
   std::span<const std::size_t> levels() const noexcept { return {level_.data(), levels_}; }
   /// @brief The count in force.
   std::size_t residents() const noexcept { return levels_ == 0 ? 0 : level_[in_force_]; }
@@ -182,9 +194,17 @@ class ResidencyExplorer {
   static constexpr double inf = std::numeric_limits<double>::infinity();
   enum class Duel { search, return_match, recheck };
 
+  template <class T>
+  static constexpr std::array<T, max_levels> filled(T value) noexcept {
+    std::array<T, max_levels> a{};
+    a.fill(value);
+    return a;
+  }
+
   void start(std::size_t count, std::size_t subgroups) {
     subgroups_ = subgroups;
     levels_ = 0;
+    refined_ = 0;
     for (const std::size_t c : {count, count / 2, count / 4, std::size_t{0}})
       if (levels_ == 0 || c < level_[levels_ - 1]) level_[levels_++] = c;
     in_force_ = want_ = incumbent_ = 0;
@@ -204,6 +224,7 @@ class ResidencyExplorer {
     wait_.fill(0);
     fastest_.fill(inf);
     rematch_ = none;
+    refined_ = 0;
     searching_ = dueling_ = false;
   }
 
@@ -261,12 +282,12 @@ class ResidencyExplorer {
 
   void end_duel(bool won) {
     dueling_ = false;
-    const std::size_t c = challenger_, last = levels_ - 1;
+    const std::size_t c = challenger_;
     const std::size_t loser = won ? incumbent_ : c;
     // How much slower the loser ran, side by side (0 if no pair was complete).
     const double ratio = score_.pairs > 0 ? score_.median_ratio() : 1;
     schedule(loser, std::max(0.0, won ? 1 / ratio - 1 : ratio - 1), kind_ == Duel::recheck && !won);
-    const bool slower_going_down = !won && incumbent_ < c && c != last;
+    const bool slower_going_down = !won && level_[c] < level_[incumbent_] && level_[c] != 0;
     if (won) {
       // One duel on a shared machine can be lost to a few slow steps: the count that
       // lost its place meets the winner again, once, `explore_every` steps later
@@ -278,26 +299,58 @@ class ResidencyExplorer {
     }
     want_ = incumbent_;
     if (kind_ == Duel::recheck && won) {
-      // The machine changed: the counts below the new one challenge it in turn (the
-      // one it beat excepted, which has its return match).
+      // The machine changed: the counts below the new one challenge it in turn, the
+      // largest first (the one it beat excepted, which has its return match), then
+      // the refinement again.
       searching_ = true;
-      order_size_ = next_ = 0;
-      for (std::size_t l = c + 1; l <= last; ++l) order_[order_size_++] = l;
+      order_size_ = next_ = refined_ = 0;
+      for (std::size_t l = 0; l < levels_; ++l)
+        if (level_[l] < level_[c]) {
+          std::size_t i = order_size_++;
+          for (; i > 0 && level_[order_[i - 1]] < level_[l]; --i) order_[i] = order_[i - 1];
+          order_[i] = l;
+        }
     }
     if (!searching_) return;
     // The search goes on unless going down from a larger count made the step slower.
-    while (!slower_going_down && next_ < order_size_)
+    if (slower_going_down) next_ = order_size_;
+    while (next_ < order_size_)
       if (const std::size_t l = order_[next_++]; l != incumbent_ && l != rematch_) return start_duel(l, Duel::search);
+    if (const std::size_t l = refinement(); l != none) return start_duel(l, Duel::search);
     searching_ = false;
     settled_after_ = clock_;
   }
 
+  // The next count of the refinement (see the class comment), added to the levels;
+  // none when the winner's gaps are one or the refinements are spent.
+  std::size_t refinement() {
+    if (refined_ == max_refinements || levels_ == max_levels) return none;
+    const std::size_t c = level_[incumbent_];
+    if (c == 0) return none;
+    std::size_t below = c, above = c;  // the nearest compared counts each side; c: none
+    for (std::size_t l = 0; l < levels_; ++l) {
+      if (level_[l] < c && (below == c || level_[l] > below)) below = level_[l];
+      if (level_[l] > c && (above == c || level_[l] < above)) above = level_[l];
+    }
+    const std::size_t gap_below = c - below, gap_above = above - c;
+    if (std::max(gap_below, gap_above) <= 1) return none;
+    const std::size_t count = gap_below >= gap_above ? below + gap_below / 2 : c + gap_above / 2;
+    const std::size_t l = levels_++;
+    level_[l] = count;
+    recheck_at_[l] = -1;
+    wait_[l] = 0;
+    fastest_[l] = inf;
+    ++refined_;
+    return l;
+  }
+
   std::array<std::size_t, max_levels> level_{};         // resident counts, r* first, 0 last
   std::size_t levels_ = 0;                              // how many; 0 before the first choice
+  std::size_t refined_ = 0;                             // refinement duels started in this search
   std::array<StrideExplorer, max_levels> explorers_{};  // per count: the strides over the others
-  std::array<std::int64_t, max_levels> recheck_at_{-1, -1, -1, -1};  // per count: its re-check; -1 none
+  std::array<std::int64_t, max_levels> recheck_at_ = filled<std::int64_t>(-1);  // per count: its re-check; -1 none
   std::array<std::int64_t, max_levels> wait_{};         // per count: its wait, before scaling
-  std::array<double, max_levels> fastest_{inf, inf, inf, inf};  // per count: its fastest step in its last duel
+  std::array<double, max_levels> fastest_ = filled(inf);  // per count: its fastest step in its last duel
   std::size_t subgroups_ = 0;
   std::size_t in_force_ = 0;   // the count the last choice saw
   std::size_t want_ = 0;       // the count asked for from the next step

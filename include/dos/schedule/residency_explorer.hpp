@@ -224,7 +224,6 @@ class ResidencyExplorer {
     wait_.fill(0);
     fastest_.fill(inf);
     rematch_ = none;
-    refined_ = 0;
     searching_ = dueling_ = false;
   }
 
@@ -344,7 +343,7 @@ class ResidencyExplorer {
     return l;
   }
 
-  std::array<std::size_t, max_levels> level_{};         // resident counts, r* first, 0 last
+  std::array<std::size_t, max_levels> level_{};         // resident counts: r*, r*/2, r*/4, 0, then the refinement's
   std::size_t levels_ = 0;                              // how many; 0 before the first choice
   std::size_t refined_ = 0;                             // refinement duels started in this search
   std::array<StrideExplorer, max_levels> explorers_{};  // per count: the strides over the others

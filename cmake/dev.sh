@@ -50,7 +50,7 @@ case "${1:-}" in
   test)
     # CI gives this 90 minutes on 2 cores. The tests run two at a time (none is timed),
     # and the sanitizer presets compile at -O1 -g1: at -O2 -g the ASan + UBSan build
-    # alone took 46 minutes there (one test file 6 minutes), 3x what -O1 -g1 takes.
+    # alone took about 46 minutes on such a machine, at -O1 -g1 about 16.
     python_env
     cmake --preset release -DDOS_PYTHON_TESTS="$PWD/build/venv/bin/python"
     cmake --build --preset release -j "$jobs"

@@ -27,9 +27,11 @@ int main(int argc, char** argv) {
     Noisy (*make)(std::uint64_t, int);
     int steps;
   };
-  fmt::print("{:<12} {:>6} {:>9} {:>8} {:>8} {:>18}\n", "machine", "seeds", "over 2%", "mean", "worst", "settled p50/p95/max");
-  for (const Machine m : {Machine{"two_level", two_level, 600}, Machine{"slow_steps", slow_steps, 400}}) {
-    long over = 0;
+  fmt::print("{:<12} {:>6} {:>9} {:>8} {:>8} {:>18} {:>15} {:>24}\n", "machine", "seeds", "over 2%", "mean", "worst",
+             "settled p50/p95/max", "settled after 40", "late astray: runs/steps");
+  for (const Machine m : {Machine{"two_level", two_level, 600}, Machine{"slow_steps", slow_steps, 400},
+                         Machine{"heavy_tail", heavy_tail, 600}}) {
+    long over = 0, astray_steps = 0, astray_runs = 0;
     std::vector<int> settle;
     double sum = 0, worst = 0;
     for (long seed = 1; seed <= seeds; ++seed) {
@@ -38,12 +40,17 @@ int main(int argc, char** argv) {
       const double ratio = r.mean(m.steps / 2, m.steps) / n.late_against;
       over += ratio > 1.02;
       settle.push_back(settled(r, n.against));
+      const int a = astray(r, n.against, m.steps / 2);
+      astray_steps += a;
+      astray_runs += a > 0;
       sum += ratio;
       worst = std::max(worst, ratio);
     }
     std::sort(settle.begin(), settle.end());
     const auto at = [&](double q) { return settle[static_cast<std::size_t>(q * static_cast<double>(settle.size() - 1))]; };
-    fmt::print("{:<12} {:>6} {:>9} {:>8.4f} {:>8.4f} {:>18}\n", m.name, seeds, over, sum / static_cast<double>(seeds), worst,
-               fmt::format("{}/{}/{}", at(0.5), at(0.95), settle.back()));
+    const auto late = std::count_if(settle.begin(), settle.end(), [](int s) { return s > 40; });
+    fmt::print("{:<12} {:>6} {:>9} {:>8.4f} {:>8.4f} {:>18} {:>14.1f}% {:>24}\n", m.name, seeds, over, sum / static_cast<double>(seeds), worst,
+               fmt::format("{}/{}/{}", at(0.5), at(0.95), settle.back()), 100.0 * static_cast<double>(late) / static_cast<double>(seeds),
+               fmt::format("{}/{}", astray_runs, astray_steps));
   }
 }

@@ -253,6 +253,25 @@ TEST_CASE("duels: all-CPU gets its playoff even when its sweep steps were far sl
   }
 }
 
+TEST_CASE("duels: steps 1.2-2.5x slow one in eight; all-CPU's one slow sweep step does not rule it out for good") {
+  // All-CPU truly the best, k = 8 10% behind with the model promising it faster. Where
+  // all-CPU's one sweep step fell on a slow step (2.3x), it measured out of reach of
+  // k = 8 and never ran again: 26 of 1000 such machines kept k = 8 to the end, 1.13x
+  // all-CPU at worst (tests/explorer_seeds). One step is no verdict: it gets its playoff.
+  constexpr int steps = 600;
+  int worst_astray = 0;
+  for (std::uint64_t seed = 1; seed <= 200; ++seed) {
+    const Noisy n = heavy_tail(seed, steps);
+    const Run r = drive(AutomaticStride{}, n.scenario, steps);
+    CAPTURE(seed);
+    CHECK(r.mean(steps / 2, steps) <= 1.02 * n.late_against);
+    CHECK(r.reckless == 0);
+    worst_astray = std::max(worst_astray, astray(r, 0, steps / 2));
+  }
+  // A lucky duel of k = 8 may keep it until its return match, not for good.
+  CHECK(worst_astray <= 24);
+}
+
 TEST_CASE("duels: a running candidate that falls far behind is challenged at once, however long all-CPU must wait") {
   // k = 8 truly 10% faster than all-CPU. Runs of six slow steps from 100, 150 and 230
   // each set off a challenge by all-CPU, which it loses: its wait doubles to over a

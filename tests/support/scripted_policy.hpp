@@ -60,6 +60,7 @@ inline Run drive(AnyPolicy policy, const Scenario& sc, int steps) {
   policy.residency({sh, 0, limits, predict, scratch, assignment}, residency);
   policy.reserve(sh.size());
   std::vector<std::vector<double>> seen(sc.predicted.size());  // every measurement, by k
+  // The median of k's last five steps, or the model's prediction before the first.
   const auto estimate = [&](std::uint32_t k) {
     if (seen[k].empty()) return sc.predicted[k];
     std::vector<double> last(seen[k].end() - std::min<std::ptrdiff_t>(5, std::ssize(seen[k])), seen[k].end());
@@ -76,7 +77,12 @@ inline Run drive(AnyPolicy policy, const Scenario& sc, int steps) {
       double best = 1e300;
       for (std::uint32_t c = 0; c < seen.size(); ++c)
         if (!seen[c].empty()) best = std::min(best, estimate(c));
-      if (estimate(k) > 2 * best * (1 + 1e-12)) ++run.reckless;
+      // What k may be judged by (the "predicted"): its estimate, but the model's
+      // prediction while it has fewer than three steps, each more than twice that (a
+      // step or two of a shared machine is no verdict).
+      const bool odd_steps = !seen[k].empty() && seen[k].size() < 3 &&
+                             std::all_of(seen[k].begin(), seen[k].end(), [&](double s) { return s > 2 * sc.predicted[k]; });
+      if ((odd_steps ? sc.predicted[k] : estimate(k)) > 2 * best * (1 + 1e-12)) ++run.reckless;
     }
     t.measured_seconds = sc.truth(k, step);
     seen[k].push_back(t.measured_seconds);
@@ -156,6 +162,32 @@ inline Noisy slow_steps(std::uint64_t seed, int steps) {
   Noisy n{{predicted, [factor](std::uint32_t k, int step) { return truth[k] * factor[static_cast<std::size_t>(step)]; }}, 8, 0};
   for (int i = steps / 2; i < steps; ++i) n.late_against += truth[8] * factor[static_cast<std::size_t>(i)];
   n.late_against /= steps - steps / 2;
+  return n;
+}
+
+// Seen on the 2-vCPU Zen 5 VM with the emulated device: all-CPU the best, k = 8 10%
+// behind and k = 7 12% (the model promising them faster), steps +-5% apart, and one
+// in eight 1.2-2.5x slow, whatever it ran. Four lucky steps of k = 8 against all-CPU's
+// unlucky ones win a four-pair duel now and then.
+inline Noisy heavy_tail(std::uint64_t seed, int steps) {
+  static const std::vector<double> truth{1.0, 3.1, 1.85, 1.6, 1.37, 1.32, 1.2, 1.12, 1.10};
+  static const std::vector<double> predicted{1.0, 2.8, 1.5, 1.2, 1.0, 0.95, 0.9, 0.9, 0.92};
+  Rng rng(seed);
+  std::vector<double> factor(static_cast<std::size_t>(steps));
+  for (double& f : factor) {
+    f = 1 + static_cast<double>(rng.uniform(-0.05f, 0.05f));
+    if (rng.below(8) == 0) f *= 1.2 + 1.3 * static_cast<double>(rng.uniform(0.0f, 1.0f));
+  }
+  Noisy n{{predicted, [factor](std::uint32_t k, int step) { return truth[k] * factor[static_cast<std::size_t>(step)]; }}, 0, 0};
+  for (int i = steps / 2; i < steps; ++i) n.late_against += truth[0] * factor[static_cast<std::size_t>(i)];
+  n.late_against /= steps - steps / 2;
+  return n;
+}
+
+// Steps from @p from on that did not explore and ran another candidate than @p best.
+inline int astray(const Run& r, std::uint32_t best, int from) {
+  int n = 0;
+  for (std::size_t i = static_cast<std::size_t>(from); i < r.k.size(); ++i) n += !r.explored[i] && r.k[i] != best;
   return n;
 }
 

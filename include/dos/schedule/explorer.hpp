@@ -40,32 +40,50 @@ inline std::uint32_t candidates(std::uint32_t max_stride, std::size_t subgroups)
 }
 
 /// The score of a duel: pairs of times, the incumbent's then the challenger's, each a
-/// step (`StrideExplorer`) or the fastest step of a block of steps
-/// (`ResidencyExplorer`), and the verdict on them (docs/design.md, "Choosing the split").
+/// step, and the verdict on them (docs/design.md, "Choosing the split").
+///
+/// In a duel that confirms, a challenger that wins the first `length` pairs plays on to
+/// `confirm` pairs and must win over all of them. The explorers confirm where the
+/// incumbent is established (a challenge, or a re-check, of a settled choice): on the
+/// Zen 5 VM one step in eight or so runs 1.2-2.5x slower for reasons of its own, and a
+/// stride 10% slower than all-CPU won a re-check's four pairs, its lucky steps against
+/// all-CPU's unlucky ones, and kept the place for the twenty steps until the return
+/// match. The longer verdict cuts such wins about sixfold (a 10% slower challenger on
+/// a simulation of that noise: 3.4% of duels won in four pairs, 0.6% after eight) and
+/// delays a real win by four pairs. Duels while settling (playoffs, the residency's
+/// search) and return matches do not confirm: there no choice is established yet, or
+/// the one just made may be the lucky one, and each confirmation would delay settling
+/// (on the scripted noisy machines of test_explorer, 23% of runs settled after step 40
+/// instead of 7% when every duel confirmed).
 struct DuelScore {
-  static constexpr std::size_t length = 4;  ///< pairs in a duel
-  static constexpr std::size_t clear = 3;   ///< pairs after which a clear win ends it
-  static constexpr double margin = 0.01;    ///< what a challenger must win by, as a fraction
+  static constexpr std::size_t length = 4;   ///< pairs before the first verdict
+  static constexpr std::size_t confirm = 8;  ///< pairs a challenger that won them must win over
+  static constexpr std::size_t clear = 3;    ///< pairs after which a clear win ends it
+  static constexpr double margin = 0.01;     ///< what a challenger must win by, as a fraction
 
-  std::array<std::array<double, length>, 2> times{};  // incumbent, challenger
+  std::array<std::array<double, confirm>, 2> times{};  // incumbent, challenger
   std::size_t pairs = 0;
+  bool confirming = false;  // a win of the first `length` pairs plays on
 
-  void restart() noexcept { pairs = 0; }
+  void restart(bool confirm_a_win = false) noexcept {
+    pairs = 0;
+    confirming = confirm_a_win;
+  }
   /// Records one pair; returns whether the duel is over, and then sets @p won.
   bool add(double incumbent, double challenger, bool& won) noexcept {
     times[0][pairs] = incumbent;
     times[1][pairs] = challenger;
     ++pairs;
     if (pairs == clear && clear_win()) return won = true;
-    if (pairs < length) return false;
+    if (pairs < length || (pairs > length && pairs < confirm)) return false;
     won = challenger_won();
-    return true;
+    return !won || !confirming || pairs == confirm;
   }
 
   /// The median of the pairs' ratios so far, the challenger's time over the
   /// incumbent's; 1 before the first pair.
   double median_ratio() const noexcept {
-    std::array<double, length> r{};
+    std::array<double, confirm> r{};
     for (std::size_t i = 0; i < pairs; ++i) r[i] = times[1][i] / times[0][i];
     sort_first(r, pairs);
     if (pairs == 0) return 1;
@@ -80,18 +98,15 @@ struct DuelScore {
     return (1 - margin) * *std::min_element(c, c + clear) > *std::max_element(i, i + clear);
   }
 
-  // The verdict after `length` pairs: the challenger must win by the margin both ways,
-  // by its two fastest times against the incumbent's (which no one or two slow steps
-  // move) and by the median of the pairs' ratios (which a phase of the machine that
-  // began or ended during the duel does not move).
+  // The verdict on the pairs so far (an even number): the challenger must win by the
+  // margin both ways, by its two fastest times against the incumbent's (which no one or
+  // two slow steps move) and by the median of the pairs' ratios (which a phase of the
+  // machine that began or ended during the duel does not move).
   bool challenger_won() const noexcept {
-    std::array<double, length> ratios{};
-    for (std::size_t i = 0; i < length; ++i) ratios[i] = times[1][i] / times[0][i];
-    const auto r = sorted(ratios);
-    const auto challenger = sorted(times[1]);
-    const auto incumbent = sorted(times[0]);
-    return challenger[0] + challenger[1] < (1 - margin) * (incumbent[0] + incumbent[1]) &&
-           0.5 * (r[1] + r[2]) < 1 - margin;
+    std::array<double, confirm> challenger = times[1], incumbent = times[0];
+    sort_first(challenger, pairs);
+    sort_first(incumbent, pairs);
+    return challenger[0] + challenger[1] < (1 - margin) * (incumbent[0] + incumbent[1]) && median_ratio() < 1 - margin;
   }
 
   // After `clear` pairs, a challenger whose every time beat every one of the
@@ -101,12 +116,6 @@ struct DuelScore {
     const double* c = times[1].data();
     const double* i = times[0].data();
     return *std::max_element(c, c + clear) < (1 - margin) * *std::min_element(i, i + clear);
-  }
-
- private:
-  static std::array<double, length> sorted(std::array<double, length> x) noexcept {
-    sort_first(x, x.size());
-    return x;
   }
 };
 }  // namespace detail
@@ -166,9 +175,10 @@ struct ExploreSettings {
 /// steps, the incumbent then the challenger, the challenger winning only if by more
 /// than `duel_margin` both by its two fastest steps against the incumbent's (steps are
 /// slowed, hardly ever sped up, by the machine's other work) and by the median of the
-/// pairs' ratios (which a phase of the machine beginning mid-duel does not move); or, after
-/// `clear_pairs` pairs, when each of its steps beat each of the incumbent's by the
-/// margin. Duels are fought, in this order of precedence:
+/// pairs' ratios (which a phase of the machine beginning mid-duel does not move), in a
+/// challenge (below) then again over `confirm_pairs` pairs (against a settled choice,
+/// one lucky run of four steps is no verdict); or, after `clear_pairs` pairs, when each of its steps beat each of the incumbent's
+/// by the margin. Duels are fought, in this order of precedence:
 /// - a *return match*, `explore_every` steps after an incumbent lost its place, for it
 ///   (it does not challenge before);
 /// - *playoffs*, once each, right after the sweep, for all-CPU whatever it measured
@@ -180,7 +190,8 @@ struct ExploreSettings {
 ///   fastest first (all-CPU first instead delayed settling on noisy machines);
 /// - *challenges*, by a candidate whose fastest kept step (a re-check refreshes it)
 ///   beat the incumbent's by more than the margin, all-CPU first (it is what the
-///   policy must never be slower than), then the fastest; a challenger that loses may
+///   policy must never be slower than), then the fastest; they confirm a win over
+///   `confirm_pairs` pairs; a challenger that loses may
 ///   challenge again only after a wait that doubles with each loss, from
 ///   `explore_every` up to `stale_after` steps.
 /// The challenger's steps in a duel count as explored. A running candidate that
@@ -190,7 +201,8 @@ class StrideExplorer {
  public:
   static constexpr std::size_t window = 5;         ///< measurements kept per candidate
   static constexpr std::uint32_t min_samples = 3;  ///< before a close candidate is trusted
-  static constexpr std::size_t duel_length = detail::DuelScore::length;  ///< pairs of steps in a duel
+  static constexpr std::size_t duel_length = detail::DuelScore::length;     ///< pairs of steps before a duel's first verdict
+  static constexpr std::size_t confirm_pairs = detail::DuelScore::confirm;  ///< pairs a challenger winning them plays on to
   static constexpr std::size_t clear_pairs = detail::DuelScore::clear;   ///< pairs after which a clear win ends a duel
   static constexpr double duel_margin = detail::DuelScore::margin;       ///< what a challenger must win by, as a fraction
 
@@ -230,6 +242,20 @@ class StrideExplorer {
     }
     /// @brief What this candidate is believed to take: measured where it was.
     double estimate() const noexcept { return kept > 0 ? median() : predicted; }
+    /// @brief What it is judged by when deciding whether it may run at all: its
+    ///        estimate, but the model's prediction while it has fewer than
+    ///        `min_samples` steps and each measured more than @p max_slowdown times
+    ///        that. A step or two of a shared machine is no verdict: on a scripted
+    ///        machine whose steps run 1.2-2.5x slow one in eight
+    ///        (tests/support/scripted_policy.hpp, `heavy_tail`), all-CPU's one sweep
+    ///        step fell on such a step in 2.6% of runs, put it out of reach for good,
+    ///        and those runs kept a stride 10% slower to the end.
+    double reach_estimate(double max_slowdown) const noexcept {
+      if (kept == 0 || kept >= min_samples) return estimate();
+      for (std::uint32_t i = 0; i < kept; ++i)
+        if (seconds[i] <= max_slowdown * predicted) return estimate();
+      return predicted;
+    }
   };
 
   /// @brief Room for strides up to @p max_stride, so that choosing never allocates.
@@ -259,6 +285,7 @@ class StrideExplorer {
     }
     stale_after_ = s.stale_after;
     explore_every_ = s.explore_every;
+    max_slowdown_ = s.max_slowdown;
     std::uint32_t best = best_candidate();
     // A duel stops if either side no longer fits (the budget changed), and the
     // challenger loses it if its own steps put it out of reach.
@@ -359,9 +386,9 @@ class StrideExplorer {
   }
 
   // Whether candidate k may run at all: nothing slower than @p reach, `max_slowdown`
-  // times the best measured estimate.
+  // times the best measured estimate (judged by `Record::reach_estimate`).
   bool within_reach(std::uint32_t k, double reach) const noexcept {
-    return records_[k].feasible && records_[k].estimate() <= reach;
+    return records_[k].feasible && records_[k].reach_estimate(max_slowdown_) <= reach;
   }
 
   std::uint32_t best_candidate() const {
@@ -382,7 +409,7 @@ class StrideExplorer {
     constexpr double unsettled = 1e18;
     const auto urgency = [&](std::uint32_t k) {
       const Record& c = records_[k];
-      if (k == best || !c.feasible || c.estimate() > s.max_slowdown * known) return 0.0;
+      if (k == best || !within_reach(k, s.max_slowdown * known)) return 0.0;
       const bool close = c.estimate() <= (1 + s.close) * best_estimate;
       // Settling, while the first sweep lasts (a few steps per candidate): candidates
       // never measured, close ones measured too few times to trust, then those whose
@@ -456,15 +483,15 @@ class StrideExplorer {
     for (std::uint32_t k = 0; k < records_.size() && challenger != 0; ++k)
       if (eligible(k) && clock_ >= records_[k].duel_at && records_[k].fastest() < lowest)
         lowest = records_[k].fastest(), challenger = k;
-    if (challenger != none) start_duel(challenger);
+    if (challenger != none) start_duel(challenger, /*confirm=*/true);
   }
 
   // The challenger's kept times are what is in doubt: its fastest step is taken from
   // the duel's steps on. The incumbent runs first, so that no step of it from before
   // the duel (perhaps a slow one that set the challenge off) is in the first pair.
-  void start_duel(std::uint32_t k) {
+  void start_duel(std::uint32_t k, bool confirm = false) {
     duel_ = k;
-    score_.restart();
+    score_.restart(confirm);
     last_ran_ = none;
     records_[k].dueled = true;
     records_[k].fresh_from = records_[k].kept;
@@ -507,6 +534,7 @@ class StrideExplorer {
   std::uint32_t incumbent_ = none;  // the candidate last run as the best
   std::uint32_t stale_after_ = 0;   // the settings' stale_after, as of the last choice
   std::uint32_t explore_every_ = 1; // the settings' explore_every, as of the last choice
+  double max_slowdown_ = 2;         // the settings' max_slowdown, as of the last choice
 };
 
 }  // namespace dos

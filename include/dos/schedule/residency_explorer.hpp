@@ -52,8 +52,9 @@ namespace dos {
 /// **A duel** is `DuelScore::length` pairs of steps in the order incumbent,
 /// challenger, challenger, incumbent, incumbent, ... so that the residents move once
 /// per pair. The verdict is `StrideExplorer`'s: the challenger wins by more than 1%
-/// both by its two fastest steps and by the median of the pairs' ratios, or at once by
-/// a clear win; it loses at once by a clear loss (after three pairs, each of its steps
+/// both by its two fastest steps and by the median of the pairs' ratios (in a
+/// re-check, below, then again over `DuelScore::confirm` pairs), or at once by a
+/// clear win; it loses at once by a clear loss (after three pairs, each of its steps
 /// slower than each of the incumbent's by the margin), if in two pairs its step ran
 /// more than `max_slowdown` times slower than the incumbent's paired one, or if a step
 /// measured no time. A count that lost its place meets the winner again in a return
@@ -263,7 +264,7 @@ class ResidencyExplorer {
     dueling_ = true;
     steps_in_pair_ = 0;
     out_of_reach_pairs_ = 0;
-    score_.restart();
+    score_.restart(kind == Duel::recheck);  // a settled count is replaced on firmer evidence
   }
 
   // Count l lost a duel by @p excess (its time over the winner's, less one): it is

@@ -205,6 +205,19 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
     fmt::print("  automatic ms / same plan's fixed contender, by step:{}\n", line);
   }
   if (trace) {
+    // Each resident_then_stride step over static_fraction's and all-CPU's in that round:
+    // where it settled on static_fraction's count with nothing streamed, the first
+    // should be near 1.
+    const Contender& rts = named("resident_then_stride");
+    const Contender& sf = named("static_fraction");
+    const Contender& cpu = named("all_cpu");
+    std::string line;
+    for (std::size_t i = 0; i < rts.seconds.size(); ++i)
+      line += fmt::format(" {:.1f}/{:.2f}/{:.2f}", rts.seconds[i] * 1e3, rts.seconds[i] / sf.seconds[i],
+                          rts.seconds[i] / cpu.seconds[i]);
+    fmt::print("  resident_then_stride ms / static_fraction's / all-CPU's, by step:{}\n", line);
+  }
+  if (trace) {
     std::string lates;
     for (const Contender& c : cs) lates += fmt::format(" {} {:.2f}", c.name, late_median(c) * 1e3);
     fmt::print("  last-half medians, ms:{}\n", lates);

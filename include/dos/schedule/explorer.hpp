@@ -53,8 +53,8 @@ inline std::uint32_t candidates(std::uint32_t max_stride, std::size_t subgroups)
 /// delays a real win by four pairs. Duels while settling (playoffs, the residency's
 /// search) and return matches do not confirm: there no choice is established yet, or
 /// the one just made may be the lucky one, and each confirmation would delay settling
-/// (on the scripted noisy machines of test_explorer, 23% of runs settled after step 40
-/// instead of 7% when every duel confirmed).
+/// (on the scripted noisy machines of test_explorer, 20-23% of runs settled after step
+/// 40 instead of 7-10% when every duel confirmed).
 struct DuelScore {
   static constexpr std::size_t length = 4;   ///< pairs before the first verdict
   static constexpr std::size_t confirm = 8;  ///< pairs a challenger that won them must win over

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <functional>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 namespace dos::test::scripted {
@@ -130,6 +131,18 @@ struct Noisy {
   double late_against = 0;  // mean seconds of `against` over steps [steps / 2, steps)
 };
 
+// A machine whose step `step` takes truth[k] times factor[step], whatever ran; what
+// candidate @p against takes over the late half.
+inline Noisy noisy(const std::vector<double>& truth, const std::vector<double>& predicted,
+                   std::vector<double> factor, std::uint32_t against) {
+  const auto steps = static_cast<int>(factor.size());
+  Noisy n{{predicted, [truth, factor](std::uint32_t k, int step) { return truth[k] * factor[static_cast<std::size_t>(step)]; }},
+          against, 0};
+  for (int i = steps / 2; i < steps; ++i) n.late_against += n.scenario.truth(against, i);
+  n.late_against /= steps - steps / 2;
+  return n;
+}
+
 // The development VMs' memory bandwidth jumps between two levels from minute to minute:
 // every candidate slows by 1.4x for stretches of ~25 steps, with noise of +-5% on each
 // step. All-CPU is truly the best, k = 8 4% behind and k = 7 7%.
@@ -143,10 +156,7 @@ inline Noisy two_level(std::uint64_t seed, int steps) {
     if (rng.below(25) == 0) level = level == 1 ? 1.4 : 1;
     f = level * (1 + static_cast<double>(rng.uniform(-0.05f, 0.05f)));
   }
-  Noisy n{{predicted, [factor](std::uint32_t k, int step) { return truth[k] * factor[static_cast<std::size_t>(step)]; }}, 0, 0};
-  for (int i = steps / 2; i < steps; ++i) n.late_against += truth[0] * factor[static_cast<std::size_t>(i)];
-  n.late_against /= steps - steps / 2;
-  return n;
+  return noisy(truth, predicted, std::move(factor), 0);
 }
 
 // Seen on the 2-vCPU Xeon VM with the emulated device: k = 8 9% faster than all-CPU,
@@ -159,10 +169,7 @@ inline Noisy slow_steps(std::uint64_t seed, int steps) {
   for (double& f : factor)
     f = rng.below(4) == 0 ? 1.15 + 0.2 * static_cast<double>(rng.uniform(0.0f, 1.0f))
                           : 1 + static_cast<double>(rng.uniform(-0.02f, 0.02f));
-  Noisy n{{predicted, [factor](std::uint32_t k, int step) { return truth[k] * factor[static_cast<std::size_t>(step)]; }}, 8, 0};
-  for (int i = steps / 2; i < steps; ++i) n.late_against += truth[8] * factor[static_cast<std::size_t>(i)];
-  n.late_against /= steps - steps / 2;
-  return n;
+  return noisy(truth, predicted, std::move(factor), 8);
 }
 
 // Seen on the 2-vCPU Zen 5 VM with the emulated device: all-CPU the best, k = 8 10%
@@ -178,10 +185,7 @@ inline Noisy heavy_tail(std::uint64_t seed, int steps) {
     f = 1 + static_cast<double>(rng.uniform(-0.05f, 0.05f));
     if (rng.below(8) == 0) f *= 1.2 + 1.3 * static_cast<double>(rng.uniform(0.0f, 1.0f));
   }
-  Noisy n{{predicted, [factor](std::uint32_t k, int step) { return truth[k] * factor[static_cast<std::size_t>(step)]; }}, 0, 0};
-  for (int i = steps / 2; i < steps; ++i) n.late_against += truth[0] * factor[static_cast<std::size_t>(i)];
-  n.late_against /= steps - steps / 2;
-  return n;
+  return noisy(truth, predicted, std::move(factor), 0);
 }
 
 // Steps from @p from on that did not explore and ran another candidate than @p best.

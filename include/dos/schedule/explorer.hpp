@@ -177,8 +177,9 @@ struct ExploreSettings {
 /// slowed, hardly ever sped up, by the machine's other work) and by the median of the
 /// pairs' ratios (which a phase of the machine beginning mid-duel does not move), in a
 /// challenge (below) then again over `confirm_pairs` pairs (against a settled choice,
-/// one lucky run of four steps is no verdict); or, after `clear_pairs` pairs, when each of its steps beat each of the incumbent's
-/// by the margin. Duels are fought, in this order of precedence:
+/// one lucky run of four steps is no verdict); or, after `clear_pairs` pairs, when each
+/// of its steps beat each of the incumbent's by the margin. Duels are fought, in this
+/// order of precedence:
 /// - a *return match*, `explore_every` steps after an incumbent lost its place, for it
 ///   (it does not challenge before);
 /// - *playoffs*, once each, right after the sweep, for all-CPU whatever it measured
@@ -191,9 +192,8 @@ struct ExploreSettings {
 /// - *challenges*, by a candidate whose fastest kept step (a re-check refreshes it)
 ///   beat the incumbent's by more than the margin, all-CPU first (it is what the
 ///   policy must never be slower than), then the fastest; they confirm a win over
-///   `confirm_pairs` pairs; a challenger that loses may
-///   challenge again only after a wait that doubles with each loss, from
-///   `explore_every` up to `stale_after` steps.
+///   `confirm_pairs` pairs; a challenger that loses may challenge again only after a
+///   wait that doubles with each loss, from `explore_every` up to `stale_after` steps.
 /// The challenger's steps in a duel count as explored. A running candidate that
 /// measures more than `max_slowdown` times slower than the best measured one is
 /// challenged at once by that one, whatever the waits.

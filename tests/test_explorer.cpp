@@ -294,3 +294,20 @@ TEST_CASE("duels: a running candidate that falls far behind is challenged at onc
   CHECK(settled(slice(r, change, steps), 0) <= 12);
   CHECK(r.reckless == 0);
 }
+
+TEST_CASE("duels: a phase where every other step runs 3x slow sets off no challenge") {
+  // k = 8 truly 10% faster than all-CPU. From step 150 to 190 every other step runs 3x
+  // slow, whatever it runs (the Zen 5 VM had such phases, 1.5-3x, for twenty steps):
+  // k = 8's median then reads 2.7, more than twice all-CPU's (1.0, measured before),
+  // but its fastest steps still read 0.9. Nothing changed that a duel could follow,
+  // and nothing is due for a re-check before step 200.
+  const std::vector<double> truth{1.0, 3.0, 2.5, 2.2, 2.0, 1.8, 1.6, 1.2, 0.9};
+  const Scenario sc{truth, [&](std::uint32_t k, int step) {
+                      return truth[k] * (step >= 150 && step < 190 && step % 2 == 1 ? 3.0 : 1.0);
+                    }};
+  const Run r = drive(AutomaticStride{}, sc, 200);
+  CHECK(settled(slice(r, 0, 150), 8) <= 40);
+  const Run phase = slice(r, 150, 200);
+  CHECK(std::count(phase.explored.begin(), phase.explored.end(), true) == 0);
+  CHECK(std::count(phase.k.begin(), phase.k.end(), 8u) == 50);
+}

@@ -194,9 +194,9 @@ struct ExploreSettings {
 ///   policy must never be slower than), then the fastest; they confirm a win over
 ///   `confirm_pairs` pairs; a challenger that loses may challenge again only after a
 ///   wait that doubles with each loss, from `explore_every` up to `stale_after` steps.
-/// The challenger's steps in a duel count as explored. A running candidate that
-/// measures more than `max_slowdown` times slower than the best measured one is
-/// challenged at once by that one, whatever the waits.
+/// The challenger's steps in a duel count as explored. A running candidate whose
+/// fastest recent step measures more than `max_slowdown` times slower than the best
+/// measured one is challenged at once by that one, whatever the waits.
 class StrideExplorer {
  public:
   static constexpr std::size_t window = 5;         ///< measurements kept per candidate
@@ -464,9 +464,12 @@ class StrideExplorer {
   void next_duel(double reach) {
     const auto eligible = [&](std::uint32_t k) { return k != incumbent_ && records_[k].kept > 0 && within_reach(k, reach); };
     std::uint32_t challenger = none;
-    if (!within_reach(incumbent_, reach)) {
+    if (const double f = records_[incumbent_].fastest(); std::isfinite(f) && f > reach) {
       // The running candidate fell far behind the best measured one (the machine
-      // changed): that one challenges it now, whatever the waits.
+      // changed): that one challenges it now, whatever the waits. Judged by its
+      // fastest recent step, not its median: in a phase of a shared machine where
+      // every other step runs 1.5-3x slow its median rises past twice the others',
+      // measured before, while what it takes when left alone has not changed.
       double lowest = std::numeric_limits<double>::infinity();
       for (std::uint32_t k = 0; k < records_.size(); ++k)
         if (eligible(k) && records_[k].estimate() < lowest) lowest = records_[k].estimate(), challenger = k;

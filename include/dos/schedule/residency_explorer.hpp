@@ -66,8 +66,8 @@ namespace dos {
 /// later in proportion to how much slower it ran beyond `close` (as a stale stride is
 /// re-checked), and twice as late after each re-check it loses, up to 16 times; the
 /// most overdue first, and at once a count whose fastest step in its last duel beat
-/// the running count's estimate by more than `max_slowdown` times. If it wins, the
-/// counts below it challenge it in turn, as in the search.
+/// the running count's fastest recent step by more than `max_slowdown` times. If it
+/// wins, the counts below it challenge it in turn, as in the search.
 ///
 /// The residency asked for after a step is `next_residency`; the engine moves the
 /// residents before the next step. Where a move asked for did not happen (it failed),
@@ -241,14 +241,19 @@ class ResidencyExplorer {
     start(count, subgroups);
   }
 
-  // A count whose fastest step in its last duel beat the running count's estimate by
-  // more than `max_slowdown` times (the machine changed: another job took the
-  // device): it challenges at once, whatever its wait. None if there is none.
+  // A count whose fastest step in its last duel beat the running count's fastest
+  // recent step by more than `max_slowdown` times (the machine changed: another job
+  // took the device): it challenges at once, whatever its wait. None if there is none.
+  // Fastest against fastest, not against the running count's median: on the Zen 5 VM
+  // a phase of steps 1.5-3x slow raised that median past twice what counts measured
+  // before it, and two re-checks in twenty steps set off a new search late in a run,
+  // whereas a step is slowed, hardly ever sped up, by the machine's other work.
   std::size_t far_ahead() const {
     const StrideExplorer& e = explorers_[in_force_];
     const std::optional<std::uint32_t> k = e.running();
-    if (!k || e.records()[*k].kept == 0) return none;
-    const double running = e.records()[*k].estimate();
+    if (!k) return none;
+    const double running = e.records()[*k].fastest();
+    if (!std::isfinite(running)) return none;  // nothing measured since its last duel
     std::size_t ahead = none;
     for (std::size_t l = 0; l < levels_; ++l)
       if (l != in_force_ && running > settings_.max_slowdown * fastest_[l] && (ahead == none || fastest_[l] < fastest_[ahead]))

@@ -147,14 +147,14 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
                    const Settings& s, bool trace) {
   // Each round runs the fixed strides, in an order that starts one further along each
   // round, then the six compared contenders (both automatic policies, all-CPU,
-  // static_fraction and a control copy of each) in a shuffled order. The compared pairs run a few
-  // milliseconds apart, not a round apart, and none of them always follows the same
-  // contender: a step run right after a streaming one was measured 1-3% slower than the
-  // same plan after an all-CPU step, which in a fixed cycle biased every ratio against
-  // whichever contender followed the last stride. (static_fraction ran among the
-  // strides until 2026-12-03: resident_then_stride's steps over its, with the same
-  // plan on both sides, then spread over 0.6-2.5 in one run, against 0.98-1.02 for the
-  // control.)
+  // static_fraction and a control copy of each) in a shuffled order. The compared
+  // pairs run a few milliseconds apart, not a round apart, and none of them always
+  // follows the same contender: a step run right after a streaming one was measured
+  // 1-3% slower than the same plan after an all-CPU step, which in a fixed cycle
+  // biased every ratio against whichever contender followed the last stride.
+  // (static_fraction ran among the strides until 2026-12-03: resident_then_stride's
+  // steps over its, with the same plan on both sides, then spread over 0.6-2.5 in one
+  // run, against 0.98-1.02 for the control.)
   std::vector<Contender> cs;
   cs.push_back({"resident_then_stride", dos::ResidentThenStride{}, {}, {}, {}});
   cs.push_back({"automatic", dos::AutomaticStride{}, {}, {}, {}});

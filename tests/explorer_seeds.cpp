@@ -72,9 +72,7 @@ int main(int argc, char** argv) {
       over += ratio > 1.05;
       sum += ratio;
       worst = std::max(worst, ratio);
-      settle.push_back(r.policy.target<ResidentThenStride>()->explorer.settled_after() > 0
-                           ? static_cast<int>(r.policy.target<ResidentThenStride>()->explorer.settled_after())
-                           : 0);
+      settle.push_back(static_cast<int>(r.policy.target<ResidentThenStride>()->explorer.settled_after()));
       ++ended[std::min<std::size_t>(r.residents.back(), 16)];
     }
     std::sort(settle.begin(), settle.end());

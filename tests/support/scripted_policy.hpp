@@ -131,6 +131,14 @@ struct Noisy {
   double late_against = 0;  // mean seconds of `against` over steps [steps / 2, steps)
 };
 
+// The mean of @p seconds(step) over the late half of @p steps, [steps / 2, steps).
+template <class F>
+double late_mean(const F& seconds, int steps) {
+  double sum = 0;
+  for (int i = steps / 2; i < steps; ++i) sum += seconds(i);
+  return sum / (steps - steps / 2);
+}
+
 // A machine whose step `step` takes truth[k] times factor[step], whatever ran; what
 // candidate @p against takes over the late half.
 inline Noisy noisy(const std::vector<double>& truth, const std::vector<double>& predicted,
@@ -138,8 +146,7 @@ inline Noisy noisy(const std::vector<double>& truth, const std::vector<double>& 
   const auto steps = static_cast<int>(factor.size());
   Noisy n{{predicted, [truth, factor](std::uint32_t k, int step) { return truth[k] * factor[static_cast<std::size_t>(step)]; }},
           against, 0};
-  for (int i = steps / 2; i < steps; ++i) n.late_against += n.scenario.truth(against, i);
-  n.late_against /= steps - steps / 2;
+  n.late_against = late_mean([&](int i) { return n.scenario.truth(against, i); }, steps);
   return n;
 }
 
@@ -172,11 +179,8 @@ inline Noisy slow_steps(std::uint64_t seed, int steps) {
   return noisy(truth, predicted, std::move(factor), 8);
 }
 
-// Seen on the 2-vCPU Zen 5 VM with the emulated device: all-CPU the best, k = 8 10%
-// behind and k = 7 12% (the model promising them faster), steps +-5% apart, and one
-// in eight 1.2-2.5x slow, whatever it ran. Four lucky steps of k = 8 against all-CPU's
-// unlucky ones win a four-pair duel now and then.
-// The factors of that noise, step by step.
+// The Zen 5 VM's noise, step by step: steps +-5% apart, and one in eight 1.2-2.5x
+// slow, whatever it ran.
 inline std::vector<double> heavy_tail_factors(std::uint64_t seed, int steps) {
   Rng rng(seed);
   std::vector<double> factor(static_cast<std::size_t>(steps));
@@ -187,6 +191,9 @@ inline std::vector<double> heavy_tail_factors(std::uint64_t seed, int steps) {
   return factor;
 }
 
+// Seen on the 2-vCPU Zen 5 VM with the emulated device: all-CPU the best, k = 8 10%
+// behind and k = 7 12% (the model promising them faster), with that noise. Four lucky
+// steps of k = 8 against all-CPU's unlucky ones win a four-pair duel now and then.
 inline Noisy heavy_tail(std::uint64_t seed, int steps) {
   static const std::vector<double> truth{1.0, 3.1, 1.85, 1.6, 1.37, 1.32, 1.2, 1.12, 1.10};
   static const std::vector<double> predicted{1.0, 2.8, 1.5, 1.2, 1.0, 0.95, 0.9, 0.9, 0.92};
@@ -301,8 +308,7 @@ inline NoisyResidents zen5_residents(std::uint64_t seed, int steps) {
                              factor[static_cast<std::size_t>(step)];
                     }},
                    4, 0};
-  for (int i = steps / 2; i < steps; ++i) n.late_against += n.scenario.truth(4, 0, i);
-  n.late_against /= steps - steps / 2;
+  n.late_against = late_mean([&](int i) { return n.scenario.truth(4, 0, i); }, steps);
   return n;
 }
 

@@ -275,7 +275,7 @@ inline ResidentRun drive_resident(AnyPolicy policy, const ResidentScenario& sc, 
     if (since_move <= sc.unsettled && sc.pull > 0)
       t.measured_seconds += sc.pull * (sc.truth(left, k, step) - t.measured_seconds);
     run.residents.push_back(r);
-    run.k.push_back(candidate(t.plan));
+    run.k.push_back(k);
     run.explored.push_back(t.plan.explored);
     run.seconds.push_back(t.measured_seconds);
     t.step = step;

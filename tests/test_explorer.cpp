@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 using namespace dos;
@@ -132,6 +133,28 @@ TEST_CASE("the records: one per candidate, the settling step, and bad settings n
   bad = {};
   bad.explore.stale_after = 0;
   CHECK_THROWS_WITH_AS(bad.validate(), "dos: policy stale_after must be >= 1, got 0", std::invalid_argument);
+}
+
+TEST_CASE("inherit: another residency's strides, scaled, as though swept now") {
+  const Run r = drive(AutomaticStride{}, fixed(misled_predicted, misled_truth), 100);
+  const StrideExplorer& from = r.policy.target<AutomaticStride>()->explorer;
+  REQUIRE(from.swept());
+  StrideExplorer e;
+  CHECK_FALSE(e.swept());
+  e.inherit(StrideExplorer{}, 0.5);  // nothing measured there: nothing taken
+  CHECK_FALSE(e.running());
+  e.inherit(from, 0.0);  // no scale that makes sense: nothing taken
+  e.inherit(from, std::numeric_limits<double>::quiet_NaN());
+  CHECK_FALSE(e.running());
+  e.inherit(from, 0.5);
+  CHECK(e.swept());
+  CHECK(e.running() == from.running());
+  REQUIRE(e.records().size() == from.records().size());
+  for (std::size_t k = 0; k < from.records().size(); ++k) {
+    CAPTURE(k);
+    CHECK(e.records()[k].kept == std::min<std::uint32_t>(from.records()[k].kept, StrideExplorer::window));
+    if (from.records()[k].kept > 0) CHECK(e.records()[k].median() == doctest::Approx(0.5 * from.records()[k].median()));
+  }
 }
 
 TEST_CASE("property: whatever the model's errors, the settled policy costs at most 2% over the best and over all-CPU") {

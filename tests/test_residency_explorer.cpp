@@ -1,6 +1,7 @@
 // ResidencyExplorer, through ResidentThenStride, on a scripted machine where a step's
 // time depends on the resident count and the stride (support/scripted_policy.hpp), with
-// the residents moved as the policy asks. Properties: the policy settles on the count
+// the residents moved as the policy asks. Properties: the strides are swept once, over
+// the model's count, before the counts are compared; the policy settles on the count
 // that measures fastest among those it compares, whatever the model promised; once
 // settled it costs at most 2% over that count and over no residents at all; a count
 // far slower is dropped after one pair; a machine that changes is followed; and where
@@ -48,6 +49,15 @@ int steps_with(const ResidentRun& r, std::size_t residents, int from = 0) {
 // others stays 0 once measured, and is rarely re-checked, so the tests are about the
 // count (test_explorer tests the strides).
 double with_stride(double t, std::uint32_t k) { return k == 0 ? t : 1.5 * t; }
+
+// The Zen 5 VM at link 0.6 (2026-12-02, 16M parameters, 16 subgroups): the step's time
+// by resident count, the best at 4, and a model that puts the best at 6.
+const std::vector<double> zen5_link06_truth{1.0, 0.97, 0.93, 0.90, 0.84, 0.92, 0.98, 1.05, 1.1,
+                                            1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1};
+ResidentScenario zen5_link06() {
+  return {[](std::size_t r, std::uint32_t k) { return with_stride(1.0 + 0.01 * std::pow(static_cast<double>(r) - 6, 2), k); },
+          [](std::size_t r, std::uint32_t k, int) { return with_stride(zen5_link06_truth[r], k); }};
+}
 
 }  // namespace
 
@@ -112,11 +122,7 @@ TEST_CASE("a count between two compared ones is the best: the refinement reaches
   // What the Zen 5 VM showed at link 0.6 (docs/design.md): the model's 6 residents of
   // 16 ran about as slow as none, 3 was better, and 4 was best by 7% more, a count the
   // search's r*, r*/2, r*/4 and 0 never compare.
-  const std::vector<double> truth{1.0, 0.97, 0.93, 0.90, 0.84, 0.92, 0.98, 1.05, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1};
-  const ResidentScenario sc{[](std::size_t r, std::uint32_t k) {
-                              return with_stride(1.0 + 0.01 * std::pow(static_cast<double>(r) - 6, 2), k);
-                            },
-                            [&](std::size_t r, std::uint32_t k, int) { return with_stride(truth[r], k); }};
+  const ResidentScenario sc = zen5_link06();
   const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 300);
   CHECK(run.residents[0] == 6);
   // 6 beats 0; 3 beats 6; 1 loses to 3, ending the search; then 4, halfway up the wider
@@ -125,7 +131,27 @@ TEST_CASE("a count between two compared ones is the best: the refinement reaches
   CHECK(std::vector<std::size_t>(e.levels().begin(), e.levels().end()) == std::vector<std::size_t>{6, 3, 1, 0, 4, 5});
   CHECK(e.residents() == 4);
   CHECK(settled_residents(run, 4) <= 60);
-  CHECK(run.mean(150, 300) <= 1.02 * truth[4]);
+  CHECK(run.mean(150, 300) <= 1.02 * zen5_link06_truth[4]);
+}
+
+TEST_CASE("the strides are swept once, over r*, before the counts are compared; the winner inherits them") {
+  // The Zen 5 VM at link 0.6, as in the test above, where streaming costs 50%.
+  const ResidentScenario sc = zen5_link06();
+  const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 300);
+  // r* runs alone until every stride over it is measured (k = 0..8: nine candidates).
+  const auto first_move = std::find_if(run.residents.begin(), run.residents.end(), [](std::size_t r) { return r != 6; });
+  REQUIRE(first_move != run.residents.end());
+  const auto before = static_cast<int>(first_move - run.residents.begin());
+  CHECK(before >= 9);
+  for (std::uint32_t k = 0; k <= 8; ++k) CHECK(std::count(run.k.begin(), run.k.begin() + before, k) >= 1);
+  // After that, no step streams: every count ran at r*'s best stride, 0, in its duels,
+  // and 4 settled on the strides 6 measured, scaled (a second sweep would stream eight
+  // steps at 1.5x).
+  CHECK(std::count_if(run.k.begin() + before, run.k.end(), [](std::uint32_t k) { return k != 0; }) == 0);
+  const ResidencyExplorer& e = explorer_of(run);
+  REQUIRE(e.residents() == 4);
+  CHECK(e.strides().running() == 0u);
+  CHECK(e.strides().records()[8].estimate() == doctest::Approx(1.5 * zen5_link06_truth[4]).epsilon(0.02));
 }
 
 TEST_CASE("the machine changes: a re-check finds that residents now slow the step, and the counts below follow") {

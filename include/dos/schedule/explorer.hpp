@@ -273,7 +273,7 @@ class StrideExplorer {
       // New candidates (the first step, or a new residency): everything starts afresh.
       records_.assign(std::size_t{last} + 1, Record{});
       duel_ = last_ran_ = rematch_ = incumbent_ = none;
-      playoffs_drawn_ = false;
+      playoffs_drawn_ = inherited_ = false;
       sweep_end_ = clock_ + static_cast<std::int64_t>(min_samples * records_.size());
     }
     std::string_view reason;
@@ -346,6 +346,51 @@ class StrideExplorer {
       c.backoff *= 2;  // it did not win back its place (or it would run as the best)
       c.recheck_at = c.backoff <= static_cast<std::int64_t>(stale_after_) ? clock_ + c.backoff : -1;
     }
+  }
+
+  /// @brief Takes @p from's measurements (another residency's strides) as its own,
+  ///        each time scaled by @p scale, as though this explorer had swept them now;
+  ///        its playoffs follow, as after a sweep.
+  ///
+  /// A resident count that wins its place starts from what the count it beat measured,
+  /// scaled by how the two compared side by side, instead of sweeping the strides again:
+  /// on the scripted Zen 5 machine (tests/support/scripted_policy.hpp) the sweep of nine
+  /// strides cost about four steps' time, and a second one, after a return match, fell
+  /// in the half of the run the bench measures. What is inherited goes stale and is
+  /// re-checked as measured candidates are; if this residency turns out to have other
+  /// candidates (more or fewer streamable subgroups), its first choice starts afresh.
+  void inherit(const StrideExplorer& from, double scale) {
+    if (from.incumbent_ >= from.records_.size() || !(scale > 0)) return;  // nothing settled to take
+    records_ = from.records_;
+    for (Record& c : records_) {
+      const auto n = std::min<std::uint32_t>(c.kept, static_cast<std::uint32_t>(window));
+      std::array<double, window> kept{};
+      for (std::uint32_t i = 0; i < n; ++i) kept[i] = scale * c.seconds[(c.kept - n + i) % window];
+      c.seconds = kept;
+      c.kept = n;
+      c.fresh_from = 0;
+      c.last = n > 0 ? clock_ : -1;
+      c.recheck_at = -1;
+      c.backoff = c.duel_wait = 0;
+      c.duel_at = clock_;
+    }
+    incumbent_ = from.incumbent_;
+    duel_ = last_ran_ = rematch_ = none;
+    // Playoffs are drawn anew, over this residency: a stride the other count's sweep
+    // chose by a few lucky steps would otherwise run until it went stale (on the
+    // scripted Zen 5 machine, 600 steps: 115 seeds of 2000 over 5% without, 25 with).
+    playoffs_drawn_ = false;
+    sweep_end_ = clock_ - 1;
+    inherited_ = true;
+  }
+
+  /// @brief Whether the first sweep is over (or the records were inherited) and no duel
+  ///        is under way: as many steps run as there are candidates, and none of the
+  ///        last two explored to settle. (Playoffs and re-checks may follow; the choice
+  ///        is the best measured so far.)
+  bool swept() const noexcept {
+    return duel_ == none && incumbent_ < records_.size() &&
+           (inherited_ || (clock_ >= settled_after_ + 2 && clock_ >= static_cast<std::int64_t>(records_.size())));
   }
 
   /// @brief Every candidate, indexed by k, as of the last choice.
@@ -526,6 +571,7 @@ class StrideExplorer {
   std::uint32_t duel_ = none;          // the candidate challenging the incumbent; none: no duel
   detail::DuelScore score_;            // the duel's steps so far
   bool playoffs_drawn_ = false;        // who meets the incumbent after the sweep is decided
+  bool inherited_ = false;             // the records are another residency's (inherit)
   std::int64_t sweep_end_ = 0;         // the last step of the sweep
   std::uint32_t rematch_ = none;       // the incumbent that lost its place in a duel
   std::int64_t rematch_at_ = 0;        // when it gets its return match

@@ -116,10 +116,11 @@ struct Balanced {
 /// counts r from 0 to what fits, the predicted time of the best stride over the rest,
 /// searched coarse to fine (its candidates include no residents and the full memory
 /// with no streaming, so the prediction is never worse than `AutomaticStride`'s or
-/// `StaticFraction`'s filling the memory). From the first step on, measurements
-/// decide (`ResidencyExplorer`): fewer residents, down to none, take r*'s place only by
-/// beating it side by side, with the residents moved between steps; the stride over
-/// the other subgroups is chosen as `AutomaticStride` chooses it.
+/// `StaticFraction`'s filling the memory). Then measurements decide
+/// (`ResidencyExplorer`): once the strides over r* are swept, fewer residents, down to
+/// none, take r*'s place only by beating it side by side, with the residents moved
+/// between steps; the stride over the other subgroups is chosen as `AutomaticStride`
+/// chooses it.
 struct ResidentThenStride {
   std::uint32_t max_stride = 8;  ///< the largest k tried, >= 1
   ExploreSettings explore{};     ///< how the stride over the other subgroups is explored

@@ -30,13 +30,20 @@ namespace dos {
 ///        compared side by side in duels of paired steps, with the residents moved
 ///        between the steps.
 ///
-/// **The search.** The first duel is r* (the incumbent) against no residents (what the
+/// **The search.** First r* runs alone until its `StrideExplorer` has swept the strides
+/// (`StrideExplorer::swept`): the sweep is the costly part of settling (strides the
+/// model thought good may run 2x slow), and done once, early, it is not repeated for
+/// each count. Then the first duel is r* (the incumbent) against no residents (what the
 /// policy must never be slower than); then r*/2 and r*/4 challenge the winner so far in
 /// turn. A challenger that loses to a larger count ends the search (going down from
 /// there made the step slower); one that loses to no residents does not (the best
-/// count may lie between). Each count runs at the stride it measured best, or
-/// streaming nothing while it has none measured (the model's stride may be what it is
-/// wrong about; no residents is then exactly the all-CPU update). Smaller counts than
+/// count may lie between). Each count runs at the stride it measured best, or at the
+/// incumbent's while it has none measured, so that a duel compares residents alone;
+/// a count that wins its place takes the strides the count it beat measured, scaled by
+/// the duel's ratio (`StrideExplorer::inherit`), holds its playoffs over them, and
+/// re-checks them as they go stale.
+/// (No residents at r*'s stride is the all-CPU update where r*'s sweep found streaming
+/// no help; where streaming helps, it beats all-CPU.) Smaller counts than
 /// r*/4 are not compared: on 16 subgroups each would move the step by a few percent at
 /// most, within what a duel on a shared machine can tell apart.
 ///
@@ -94,6 +101,12 @@ class ResidencyExplorer {
     else if (count == level_[want_]) in_force_ = want_;
     else if (want_ != in_force_) adopt(count);  // the move asked for did not happen
     else restart(count, r.residency.size());    // moved from outside: the policy set anew
+    // The search begins once r*'s strides are swept, so that every count is compared at
+    // the stride r* measured best and the winner need not sweep again.
+    if (sweeping_ && explorers_[in_force_].swept()) {
+      sweeping_ = false;
+      start_duel(order_[next_++], Duel::search);
+    }
     // Once the search is over, between the strides' own duels: a return match first,
     // then a count the running one fell far behind, then the most overdue re-check.
     if (!dueling_ && !searching_ && !explorers_[in_force_].dueling()) {
@@ -117,9 +130,10 @@ class ResidencyExplorer {
       if (e.settled_after() != before) settled_after_ = clock_ + 1;  // it explored while settling
       return t;
     }
-    // A step of the duel: the count at the stride it measured best, or streaming
-    // nothing (the model's stride may be what is wrong; no residents then is all-CPU).
-    double t = detail::stride_plan(r, r.residency, plan, explorers_[in_force_].running().value_or(0));
+    // A step of the duel: the count at the stride it measured best, or, while it has
+    // none, at the incumbent's (both sides then differ in the residents alone).
+    const std::uint32_t k = explorers_[in_force_].running().value_or(explorers_[incumbent_].running().value_or(0));
+    double t = detail::stride_plan(r, r.residency, plan, k);
     if (!plan.fallback.empty()) {  // that stride no longer fits the staging budget
       const std::string_view reason = plan.fallback;
       t = detail::stride_plan(r, r.residency, plan, 0);
@@ -179,7 +193,8 @@ class ResidencyExplorer {
   /// @brief The count in force.
   std::size_t residents() const noexcept { return levels_ == 0 ? 0 : level_[in_force_]; }
   /// @brief Whether the counts are still being compared for the first time (or again,
-  ///        after a re-check found the machine changed).
+  ///        after a re-check found the machine changed), or wait for r*'s strides to be
+  ///        swept before they are.
   bool searching() const noexcept { return searching_; }
   /// @brief The explorer of the strides over the count in force.
   const StrideExplorer& strides() const noexcept { return explorers_[in_force_]; }
@@ -214,8 +229,7 @@ class ResidencyExplorer {
     order_size_ = next_ = 0;
     if (last > 0) order_[order_size_++] = last;
     for (std::size_t l = 1; l < last; ++l) order_[order_size_++] = l;
-    searching_ = order_size_ > 0;
-    if (searching_) start_duel(order_[next_++], Duel::search);
+    searching_ = sweeping_ = order_size_ > 0;
   }
 
   // Everything measured is forgotten (the room reserved for it kept).
@@ -225,7 +239,7 @@ class ResidencyExplorer {
     wait_.fill(0);
     fastest_.fill(inf);
     rematch_ = none;
-    searching_ = dueling_ = false;
+    searching_ = dueling_ = sweeping_ = false;
   }
 
   // What is in force is not a count of the search: it is the only one from now on.
@@ -299,6 +313,9 @@ class ResidencyExplorer {
       // (unless it just won its place back).
       if (kind_ != Duel::return_match) rematch_ = incumbent_, rematch_at_ = clock_ + settings_.explore_every;
       recheck_at_[c] = -1;
+      // A count that never ran as the incumbent takes the strides the one it beat
+      // measured, scaled by how it ran against it, rather than sweeping them again.
+      if (!explorers_[c].running()) explorers_[c].inherit(explorers_[incumbent_], ratio);
       incumbent_ = c;
       settled_after_ = clock_;
     }
@@ -364,6 +381,7 @@ class ResidencyExplorer {
   Duel kind_ = Duel::search;
   bool searching_ = false;
   bool dueling_ = false;
+  bool sweeping_ = false;  // the search waits for r*'s first sweep of the strides
   std::array<std::size_t, max_levels> order_{};  // the search's challengers, in turn
   std::size_t order_size_ = 0;
   std::size_t next_ = 0;           // the next of them

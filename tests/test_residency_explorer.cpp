@@ -227,6 +227,50 @@ TEST_CASE("the residents cannot move: the policy stops asking and keeps the coun
   CHECK(e.levels().size() == 1);
   std::vector<Place> out;
   CHECK_FALSE(run.policy.target<ResidentThenStride>()->next_residency(out));
+  // The first move asked for comes after r*'s sweep: what that sweep measured is kept,
+  // not swept again (streaming costs 50%: no step streams after the first 40).
+  CHECK(e.strides().steps() == 100);
+  CHECK(std::count_if(run.k.begin() + 40, run.k.end(), [](std::uint32_t k) { return k != 0; }) == 0);
+}
+
+TEST_CASE("streaming helps the model's count and slows no residents: all-CPU is still compared, and wins") {
+  // k = 8 runs 3% faster than no streaming with 6 residents, 20% slower with none; with
+  // no residents and no streaming (all-CPU) the step is fastest, 0.90.
+  const auto base = [](std::size_t r) { return r == 0 ? 0.90 : 0.97 + 0.005 * std::abs(static_cast<double>(r) - 6); };
+  const auto stride = [](std::size_t r, std::uint32_t k) {
+    if (k == 0) return 1.0;
+    if (r >= 6) return k == 8 ? 0.97 : 1.3;
+    return k == 8 ? 1.2 : 1.5;
+  };
+  const ResidentScenario sc{[](std::size_t r, std::uint32_t k) {
+                              return (1.0 + 0.01 * std::pow(static_cast<double>(r) - 6, 2)) * (k == 8 ? 0.95 : k == 0 ? 1.0 : 1.3);
+                            },
+                            [&](std::size_t r, std::uint32_t k, int) { return base(r) * stride(r, k); }};
+  const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 300);
+  const ResidencyExplorer& e = explorer_of(run);
+  CHECK(e.residents() == 0);
+  CHECK(e.strides().running() == 0u);
+  CHECK(run.mean(150, 300) <= 1.02 * 0.90);
+}
+
+TEST_CASE("a winner with more strides than the count it beat keeps the inherited ones and sweeps the new") {
+  // The model's 12 residents of 16 leave 4 streamable subgroups (strides 0-4); 6, the
+  // best, leaves 10 (strides 0-8). k = 4 is best at every count.
+  const auto stride = [](std::uint32_t k) { return k == 0 ? 1.0 : k == 4 ? 0.9 : 1.2; };
+  const auto base = [](std::size_t r) { return 0.8 + 0.01 * std::pow(static_cast<double>(r) - 6, 2); };
+  const ResidentScenario sc{[&](std::size_t r, std::uint32_t k) { return (1.0 + 0.002 * std::pow(static_cast<double>(r) - 12, 2)) * stride(k); },
+                            [&](std::size_t r, std::uint32_t k, int) { return base(r) * stride(k); }};
+  const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 300);
+  REQUIRE(run.residents[0] == 12);
+  const ResidencyExplorer& e = explorer_of(run);
+  REQUIRE(e.residents() == 6);
+  CHECK(e.strides().running() == 4u);
+  REQUIRE(e.strides().records().size() == 9);
+  // Strides 1-3 were inherited (two steps of 12's sweep each), never run over 6; 5-8
+  // were swept over 6.
+  for (std::uint32_t k = 1; k <= 3; ++k) CHECK(std::count(run.k.begin() + 12, run.k.end(), k) == 0);
+  for (std::uint32_t k = 5; k <= 8; ++k) CHECK(e.strides().records()[k].samples >= 1);
+  CHECK(run.mean(150, 300) <= 1.02 * 0.8 * 0.9);
 }
 
 TEST_CASE("no room for residents: the policy is AutomaticStride") {

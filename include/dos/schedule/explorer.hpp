@@ -269,13 +269,22 @@ class StrideExplorer {
                 Plan& scratch, const ExploreSettings& s) {
     // Strides past the streamable subgroups stream the same single subgroup as the last.
     const auto last = static_cast<std::uint32_t>(std::min<std::size_t>(max_stride, streamable(residency)));
-    if (records_.size() != std::size_t{last} + 1) {
+    if (fitting_ && records_.size() != std::size_t{last} + 1) {
+      // Inherited from a residency with more or fewer streamable subgroups: the strides
+      // both have keep what was inherited; any new ones are swept.
+      const std::size_t had = records_.size();
+      records_.resize(std::size_t{last} + 1);  // within the room reserved: no allocation
+      if (incumbent_ >= records_.size()) incumbent_ = none;
+      if (records_.size() > had) sweep_end_ = clock_ + static_cast<std::int64_t>(min_samples * (records_.size() - had));
+    } else if (records_.size() != std::size_t{last} + 1) {
       // New candidates (the first step, or a new residency): everything starts afresh.
       records_.assign(std::size_t{last} + 1, Record{});
       duel_ = last_ran_ = rematch_ = incumbent_ = none;
       playoffs_drawn_ = inherited_ = false;
+      sweep_from_ = clock_;
       sweep_end_ = clock_ + static_cast<std::int64_t>(min_samples * records_.size());
     }
+    fitting_ = false;
     std::string_view reason;
     for (std::uint32_t k = 0; k <= last; ++k) {
       Record& c = records_[k];
@@ -357,8 +366,9 @@ class StrideExplorer {
   /// on the scripted Zen 5 machine (tests/support/scripted_policy.hpp) the sweep of nine
   /// strides cost about four steps' time, and a second one, after a return match, fell
   /// in the half of the run the bench measures. What is inherited goes stale and is
-  /// re-checked as measured candidates are; if this residency turns out to have other
-  /// candidates (more or fewer streamable subgroups), its first choice starts afresh.
+  /// re-checked as measured candidates are; if this residency has more or fewer
+  /// candidates (more or fewer streamable subgroups), its first choice keeps the
+  /// strides both have and sweeps the new ones.
   void inherit(const StrideExplorer& from, double scale) {
     if (from.incumbent_ >= from.records_.size() || !(scale > 0)) return;  // nothing settled to take
     records_ = from.records_;
@@ -373,6 +383,8 @@ class StrideExplorer {
       c.recheck_at = -1;
       c.backoff = c.duel_wait = 0;
       c.duel_at = clock_;
+      // Predicted over the other residency: no evidence that the model moved since.
+      c.predicted_then = 0;
     }
     incumbent_ = from.incumbent_;
     duel_ = last_ran_ = rematch_ = none;
@@ -381,7 +393,7 @@ class StrideExplorer {
     // scripted Zen 5 machine, 600 steps: 115 seeds of 2000 over 5% without, 25 with).
     playoffs_drawn_ = false;
     sweep_end_ = clock_ - 1;
-    inherited_ = true;
+    inherited_ = fitting_ = true;
   }
 
   /// @brief Whether the first sweep is over (or the records were inherited) and no duel
@@ -390,7 +402,7 @@ class StrideExplorer {
   ///        is the best measured so far.)
   bool swept() const noexcept {
     return duel_ == none && incumbent_ < records_.size() &&
-           (inherited_ || (clock_ >= settled_after_ + 2 && clock_ >= static_cast<std::int64_t>(records_.size())));
+           (inherited_ || (clock_ >= settled_after_ + 2 && clock_ - sweep_from_ >= static_cast<std::int64_t>(records_.size())));
   }
 
   /// @brief Every candidate, indexed by k, as of the last choice.
@@ -403,7 +415,8 @@ class StrideExplorer {
   ///        sweep or that changed the running candidate after it (a duel won); 0 if
   ///        none.
   std::int64_t settled_after() const noexcept { return settled_after_; }
-  /// @brief The candidate last run as the best (not to explore); none before the first
+  /// @brief The candidate last run as the best (not to explore), or inherited as the
+  ///        best (`inherit`) and not yet run; none before the first
   ///        step.
   std::optional<std::uint32_t> running() const noexcept {
     return incumbent_ < records_.size() ? std::optional(incumbent_) : std::nullopt;
@@ -572,6 +585,8 @@ class StrideExplorer {
   detail::DuelScore score_;            // the duel's steps so far
   bool playoffs_drawn_ = false;        // who meets the incumbent after the sweep is decided
   bool inherited_ = false;             // the records are another residency's (inherit)
+  bool fitting_ = false;               // inherited, not yet fitted to this residency's strides
+  std::int64_t sweep_from_ = 0;        // the step the records last started afresh
   std::int64_t sweep_end_ = 0;         // the last step of the sweep
   std::uint32_t rematch_ = none;       // the incumbent that lost its place in a duel
   std::int64_t rematch_at_ = 0;        // when it gets its return match

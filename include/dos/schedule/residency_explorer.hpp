@@ -37,13 +37,13 @@ namespace dos {
 /// policy must never be slower than); then r*/2 and r*/4 challenge the winner so far in
 /// turn. A challenger that loses to a larger count ends the search (going down from
 /// there made the step slower); one that loses to no residents does not (the best
-/// count may lie between). Each count runs at the stride it measured best, or at the
-/// incumbent's while it has none measured, so that a duel compares residents alone;
-/// a count that wins its place takes the strides the count it beat measured, scaled by
-/// the duel's ratio (`StrideExplorer::inherit`), holds its playoffs over them, and
-/// re-checks them as they go stale.
-/// (No residents at r*'s stride is the all-CPU update where r*'s sweep found streaming
-/// no help; where streaming helps, it beats all-CPU.) Smaller counts than
+/// count may lie between). Each count runs at its best stride (measured or inherited),
+/// or at the incumbent's while it has none, so that a duel compares residents alone;
+/// but no residents without strides of its own streams nothing (it is then the all-CPU
+/// update). A count that wins its place with no strides of its own takes those of the
+/// count it beat, scaled by the duel's ratio (`StrideExplorer::inherit`; no residents
+/// excepted, which ran all-CPU and sweeps its own), holds its playoffs over them, and
+/// re-checks them as they go stale. Smaller counts than
 /// r*/4 are not compared: on 16 subgroups each would move the step by a few percent at
 /// most, within what a duel on a shared machine can tell apart.
 ///
@@ -74,11 +74,13 @@ namespace dos {
 /// re-checked), and twice as late after each re-check it loses, up to 16 times; the
 /// most overdue first, and at once a count whose fastest step in its last duel beat
 /// the running count's fastest recent step by more than `max_slowdown` times. If it
-/// wins, the counts below it challenge it in turn, as in the search.
+/// wins, the counts below it challenge it in turn, as in the search. Return matches
+/// and re-checks wait until the running count's strides are swept, so that each count
+/// is met at its best stride, not at the model's guess.
 ///
 /// The residency asked for after a step is `next_residency`; the engine moves the
 /// residents before the next step. Where a move asked for did not happen (it failed),
-/// the explorer stops comparing and keeps the count in force; where the residency
+/// the explorer stops comparing and keeps the count in force, with its strides; where the residency
 /// changed from outside (a used policy set anew), it starts afresh from that count.
 class ResidencyExplorer {
  public:
@@ -107,9 +109,13 @@ class ResidencyExplorer {
       sweeping_ = false;
       start_duel(order_[next_++], Duel::search);
     }
-    // Once the search is over, between the strides' own duels: a return match first,
-    // then a count the running one fell far behind, then the most overdue re-check.
-    if (!dueling_ && !searching_ && !explorers_[in_force_].dueling()) {
+    // Once the search is over, between the strides' own duels and not before the
+    // running count's strides are swept (a count is met at its best stride, not at
+    // the model's guess: no residents, the search's winner at all-CPU, lost its return
+    // match at the model's k = 8, 20% slower, before its sweep had run k = 0): a return
+    // match first, then a count the running one fell far behind, then the most overdue
+    // re-check.
+    if (!dueling_ && !searching_ && !explorers_[in_force_].dueling() && explorers_[in_force_].swept()) {
       if (rematch_ != none && clock_ >= rematch_at_) {
         start_duel(std::exchange(rematch_, none), Duel::return_match);
       } else if (const std::size_t ahead = far_ahead(); ahead != none) {
@@ -130,9 +136,12 @@ class ResidencyExplorer {
       if (e.settled_after() != before) settled_after_ = clock_ + 1;  // it explored while settling
       return t;
     }
-    // A step of the duel: the count at the stride it measured best, or, while it has
-    // none, at the incumbent's (both sides then differ in the residents alone).
-    const std::uint32_t k = explorers_[in_force_].running().value_or(explorers_[incumbent_].running().value_or(0));
+    // A step of the duel: the count at its best stride (measured or inherited), or,
+    // while it has none, at the incumbent's, so that both sides differ in the residents
+    // alone; but no residents streams nothing then: it is the all-CPU update, what the
+    // policy must never be slower than.
+    const std::uint32_t k = explorers_[in_force_].running().value_or(
+        level_[in_force_] == 0 ? 0u : explorers_[incumbent_].running().value_or(0));
     double t = detail::stride_plan(r, r.residency, plan, k);
     if (!plan.fallback.empty()) {  // that stride no longer fits the staging budget
       const std::string_view reason = plan.fallback;
@@ -232,9 +241,10 @@ class ResidencyExplorer {
     searching_ = sweeping_ = order_size_ > 0;
   }
 
-  // Everything measured is forgotten (the room reserved for it kept).
-  void forget() {
-    for (StrideExplorer& e : explorers_) e.forget();
+  // Everything measured is forgotten (the room reserved for it kept), but for the
+  // strides of the first @p keep levels.
+  void forget(std::size_t keep = 0) {
+    for (std::size_t l = keep; l < explorers_.size(); ++l) explorers_[l].forget();
     recheck_at_.fill(-1);
     wait_.fill(0);
     fastest_.fill(inf);
@@ -243,8 +253,12 @@ class ResidencyExplorer {
   }
 
   // What is in force is not a count of the search: it is the only one from now on.
+  // Its strides are kept if it is the count in force (a move failed): on a failed
+  // first move they are r*'s whole sweep.
   void adopt(std::size_t count) {
-    forget();
+    const bool same = count == level_[in_force_];
+    if (same) std::swap(explorers_[0], explorers_[in_force_]);  // swaps the room reserved too
+    forget(same ? 1 : 0);
     level_[0] = count;
     levels_ = 1;
     in_force_ = want_ = incumbent_ = 0;
@@ -313,9 +327,11 @@ class ResidencyExplorer {
       // (unless it just won its place back).
       if (kind_ != Duel::return_match) rematch_ = incumbent_, rematch_at_ = clock_ + settings_.explore_every;
       recheck_at_[c] = -1;
-      // A count that never ran as the incumbent takes the strides the one it beat
-      // measured, scaled by how it ran against it, rather than sweeping them again.
-      if (!explorers_[c].running()) explorers_[c].inherit(explorers_[incumbent_], ratio);
+      // A count with no strides of its own (nor inherited) ran the beaten one's stride
+      // in the duel: it takes the strides that one measured, scaled by how it ran
+      // against it, rather than sweeping them again. (No residents ran all-CPU, not
+      // that stride: it sweeps its own.)
+      if (!explorers_[c].running() && level_[c] != 0) explorers_[c].inherit(explorers_[incumbent_], ratio);
       incumbent_ = c;
       settled_after_ = clock_;
     }

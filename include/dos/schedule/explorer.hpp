@@ -269,7 +269,7 @@ class StrideExplorer {
                 Plan& scratch, const ExploreSettings& s) {
     // Strides past the streamable subgroups stream the same single subgroup as the last.
     const auto last = static_cast<std::uint32_t>(std::min<std::size_t>(max_stride, streamable(residency)));
-    if (fitting_ && records_.size() != std::size_t{last} + 1) {
+    if (inherited_ && records_.size() != std::size_t{last} + 1) {
       // Inherited from a residency with more or fewer streamable subgroups: the strides
       // both have keep what was inherited; any new ones are swept.
       const std::size_t had = records_.size();
@@ -284,7 +284,6 @@ class StrideExplorer {
       sweep_from_ = clock_;
       sweep_end_ = clock_ + static_cast<std::int64_t>(min_samples * records_.size());
     }
-    fitting_ = false;
     std::string_view reason;
     for (std::uint32_t k = 0; k <= last; ++k) {
       Record& c = records_[k];
@@ -393,7 +392,7 @@ class StrideExplorer {
     // scripted Zen 5 machine, 600 steps: 115 seeds of 2000 over 5% without, 25 with).
     playoffs_drawn_ = false;
     sweep_end_ = clock_ - 1;
-    inherited_ = fitting_ = true;
+    inherited_ = true;
   }
 
   /// @brief Whether the first sweep is over (or the records were inherited) and no duel
@@ -585,7 +584,6 @@ class StrideExplorer {
   detail::DuelScore score_;            // the duel's steps so far
   bool playoffs_drawn_ = false;        // who meets the incumbent after the sweep is decided
   bool inherited_ = false;             // the records are another residency's (inherit)
-  bool fitting_ = false;               // inherited, not yet fitted to this residency's strides
   std::int64_t sweep_from_ = 0;        // the step the records last started afresh
   std::int64_t sweep_end_ = 0;         // the last step of the sweep
   std::uint32_t rematch_ = none;       // the incumbent that lost its place in a duel

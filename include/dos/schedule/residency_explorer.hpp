@@ -80,8 +80,9 @@ namespace dos {
 ///
 /// The residency asked for after a step is `next_residency`; the engine moves the
 /// residents before the next step. Where a move asked for did not happen (it failed),
-/// the explorer stops comparing and keeps the count in force, with its strides; where the residency
-/// changed from outside (a used policy set anew), it starts afresh from that count.
+/// the explorer stops comparing and keeps the count in force, with its strides; where
+/// the residency changed from outside (a used policy set anew), it starts afresh from
+/// that count.
 class ResidencyExplorer {
  public:
   static constexpr std::size_t max_refinements = 2;  ///< counts between tried after the search
@@ -136,12 +137,9 @@ class ResidencyExplorer {
       if (e.settled_after() != before) settled_after_ = clock_ + 1;  // it explored while settling
       return t;
     }
-    // A step of the duel: the count at its best stride (measured or inherited), or,
-    // while it has none, at the incumbent's, so that both sides differ in the residents
-    // alone; but no residents streams nothing then: it is the all-CPU update, what the
-    // policy must never be slower than.
-    const std::uint32_t k = explorers_[in_force_].running().value_or(
-        level_[in_force_] == 0 ? 0u : explorers_[incumbent_].running().value_or(0));
+    // A step of the duel: the count at its best stride (measured or inherited), or the
+    // one it borrows while it has none.
+    const std::uint32_t k = explorers_[in_force_].running().value_or(borrowed_stride(in_force_).value_or(0));
     double t = detail::stride_plan(r, r.residency, plan, k);
     if (!plan.fallback.empty()) {  // that stride no longer fits the staging budget
       const std::string_view reason = plan.fallback;
@@ -289,6 +287,15 @@ class ResidencyExplorer {
     return ahead;
   }
 
+  // The stride count l runs in a duel while it has none of its own: the incumbent's,
+  // so that both sides differ in the residents alone; none for no residents, which
+  // then streams nothing (the all-CPU update, what the policy must never be slower
+  // than) and, if it wins, sweeps its own strides.
+  std::optional<std::uint32_t> borrowed_stride(std::size_t l) const {
+    if (level_[l] == 0) return std::nullopt;
+    return explorers_[incumbent_].running();
+  }
+
   // The incumbent runs first: the duel begins where the residents are.
   void start_duel(std::size_t challenger, Duel kind) {
     fastest_[incumbent_] = fastest_[challenger] = inf;  // what this duel measures replaces it
@@ -329,9 +336,8 @@ class ResidencyExplorer {
       recheck_at_[c] = -1;
       // A count with no strides of its own (nor inherited) ran the beaten one's stride
       // in the duel: it takes the strides that one measured, scaled by how it ran
-      // against it, rather than sweeping them again. (No residents ran all-CPU, not
-      // that stride: it sweeps its own.)
-      if (!explorers_[c].running() && level_[c] != 0) explorers_[c].inherit(explorers_[incumbent_], ratio);
+      // against it, rather than sweeping them again.
+      if (!explorers_[c].running() && borrowed_stride(c)) explorers_[c].inherit(explorers_[incumbent_], ratio);
       incumbent_ = c;
       settled_after_ = clock_;
     }

@@ -155,6 +155,20 @@ TEST_CASE("inherit: another residency's strides, scaled, as though swept now") {
     CHECK(e.records()[k].kept == std::min<std::uint32_t>(from.records()[k].kept, StrideExplorer::window));
     if (from.records()[k].kept > 0) CHECK(e.records()[k].median() == doctest::Approx(0.5 * from.records()[k].median()));
   }
+  // The stride the residency ran in the duel it won keeps that duel's steps (the last
+  // `window` of them) and runs, whatever the other residency ran.
+  const std::uint32_t ran = *from.running() == 0 ? 1 : 0;
+  const std::vector<double> own{9, 8, 7, 1, 2, 3, 4, 5};
+  StrideExplorer mine;
+  mine.inherit(from, 0.5, ran, own);
+  CHECK(mine.running() == ran);
+  CHECK(mine.records()[ran].kept == StrideExplorer::window);
+  CHECK(mine.records()[ran].median() == doctest::Approx(3));
+  for (std::size_t k = 0; k < from.records().size(); ++k)
+    if (k != ran && from.records()[k].kept > 0) CHECK(mine.records()[k].median() == doctest::Approx(0.5 * from.records()[k].median()));
+  StrideExplorer past;  // a stride past the candidates: none kept, the other's running one runs
+  past.inherit(from, 0.5, 99, own);
+  CHECK(past.running() == from.running());
 }
 
 TEST_CASE("property: whatever the model's errors, the settled policy costs at most 2% over the best and over all-CPU") {

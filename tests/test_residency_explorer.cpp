@@ -154,6 +154,26 @@ TEST_CASE("the strides are swept once, over r*, before the counts are compared; 
   CHECK(e.strides().records()[8].estimate() == doctest::Approx(1.5 * zen5_link06_truth[4]).epsilon(0.02));
 }
 
+TEST_CASE("no residents wins the opening: the count that beats it next takes r*'s strides through both duels") {
+  // The model's 6 runs 6% slower than all-CPU, 3 is the best; streaming costs 50%.
+  // No residents, having run all-CPU, has no strides to lend; 3 takes 6's, scaled by
+  // 3's time over no residents' and no residents' over 6's, and sweeps none of them
+  // (the code before this swept all nine again over 3, eight steps at 1.5x).
+  const std::vector<double> truth{1.0, 0.96, 0.91, 0.85, 0.88, 0.97, 1.06, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1};
+  const ResidentScenario sc{zen5_link06().predicted, [&](std::size_t r, std::uint32_t k, int) { return with_stride(truth[r], k); }};
+  const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 300);
+  const auto first_move = std::find_if(run.residents.begin(), run.residents.end(), [](std::size_t r) { return r != 6; });
+  REQUIRE(first_move != run.residents.end());
+  CHECK(*first_move == 0);  // the opening: 6 against none
+  const auto before = static_cast<int>(first_move - run.residents.begin());
+  CHECK(std::count_if(run.k.begin() + before, run.k.end(), [](std::uint32_t k) { return k != 0; }) == 0);
+  const ResidencyExplorer& e = explorer_of(run);
+  REQUIRE(e.residents() == 3);
+  CHECK(e.strides().running() == 0u);
+  CHECK(e.strides().records()[8].estimate() == doctest::Approx(1.5 * truth[3]).epsilon(0.02));
+  CHECK(run.mean(150, 300) <= 1.02 * truth[3]);
+}
+
 TEST_CASE("the machine changes: a re-check finds that residents now slow the step, and the counts below follow") {
   // Residents help until step 50; then each costs 5% (another job took the device).
   constexpr int steps = 1000, change = 50;

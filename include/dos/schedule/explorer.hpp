@@ -358,7 +358,9 @@ class StrideExplorer {
 
   /// @brief Takes @p from's measurements (another residency's strides) as its own,
   ///        each time scaled by @p scale, as though this explorer had swept them now;
-  ///        its playoffs follow, as after a sweep.
+  ///        its playoffs follow, as after a sweep. @p ran, the stride this residency
+  ///        ran in the duel it won, keeps that duel's @p own steps instead, and is the
+  ///        running one (an index past the strides: none; @p from's running one is).
   ///
   /// A resident count that wins its place starts from what the count it beat measured,
   /// scaled by how the two compared side by side, instead of sweeping the strides again:
@@ -368,7 +370,7 @@ class StrideExplorer {
   /// re-checked as measured candidates are; if this residency has more or fewer
   /// candidates (more or fewer streamable subgroups), its first choice keeps the
   /// strides both have and sweeps the new ones.
-  void inherit(const StrideExplorer& from, double scale) {
+  void inherit(const StrideExplorer& from, double scale, std::uint32_t ran = ~0u, std::span<const double> own = {}) {
     if (from.incumbent_ >= from.records_.size() || !(scale > 0)) return;  // nothing settled to take
     records_ = from.records_;
     for (Record& c : records_) {
@@ -386,6 +388,19 @@ class StrideExplorer {
       c.predicted_then = 0;
     }
     incumbent_ = from.incumbent_;
+    // What this residency measured itself is better evidence than what is scaled: a
+    // duel won at k = 0, after no residents had beaten r* at all-CPU, must not leave
+    // r*'s stride running (on the scripted Zen 5 machine, a k = 7 r*'s sweep chose by
+    // lucky steps ran 1.22x slow for the rest of the run, 1.47x the best count's).
+    if (ran < records_.size() && !own.empty()) {
+      Record& c = records_[ran];
+      const std::size_t n = std::min(own.size(), window);
+      c.seconds = {};
+      std::copy(own.end() - static_cast<std::ptrdiff_t>(n), own.end(), c.seconds.begin());
+      c.kept = c.samples = static_cast<std::uint32_t>(n);
+      c.last = clock_;
+      incumbent_ = ran;
+    }
     duel_ = last_ran_ = rematch_ = none;
     // Playoffs are drawn anew, over this residency: a stride the other count's sweep
     // chose by a few lucky steps would otherwise run until it went stale (on the

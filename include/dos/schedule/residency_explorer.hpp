@@ -41,9 +41,11 @@ namespace dos {
 /// or at the incumbent's while it has none, so that a duel compares residents alone;
 /// but no residents without strides of its own streams nothing (it is then the all-CPU
 /// update). A count that wins its place with no strides of its own takes those of the
-/// count it beat, scaled by the duel's ratio (`StrideExplorer::inherit`; no residents
-/// excepted, which ran all-CPU and sweeps its own), holds its playoffs over them, and
-/// re-checks them as they go stale. Smaller counts than
+/// count it beat, scaled by the duel's ratio (`StrideExplorer::inherit`), holds its
+/// playoffs over them, and re-checks them as they go stale. No residents, having run
+/// all-CPU, takes none and sweeps its own; until it has, its challengers run and take
+/// the strides of the count it beat, scaled through both duels (they stream nothing in
+/// them, as it does). Smaller counts than
 /// r*/4 are not compared: on 16 subgroups each would move the step by a few percent at
 /// most, within what a duel on a shared machine can tell apart.
 ///
@@ -216,6 +218,12 @@ class ResidencyExplorer {
   static constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
   static constexpr double inf = std::numeric_limits<double>::infinity();
   enum class Duel { search, return_match, recheck };
+  // Strides lent: whose, and the factor from their step times to the borrower's.
+  struct Loan {
+    std::size_t from = none;
+    double scale = 0;
+    std::uint32_t stride = 0;  // what the borrower runs in the duel
+  };
 
   template <class T>
   static constexpr std::array<T, max_levels> filled(T value) noexcept {
@@ -246,6 +254,7 @@ class ResidencyExplorer {
     recheck_at_.fill(-1);
     wait_.fill(0);
     fastest_.fill(inf);
+    beaten_.fill({});
     rematch_ = none;
     searching_ = dueling_ = sweeping_ = false;
   }
@@ -287,13 +296,26 @@ class ResidencyExplorer {
     return ahead;
   }
 
-  // The stride count l runs in a duel while it has none of its own: the incumbent's,
-  // so that both sides differ in the residents alone; none for no residents, which
-  // then streams nothing (the all-CPU update, what the policy must never be slower
-  // than) and, if it wins, sweeps its own strides.
-  std::optional<std::uint32_t> borrowed_stride(std::size_t l) const {
+  // Whose strides count l takes if it wins a duel while it has none of its own, the
+  // factor from their step times to the incumbent's, and the stride l runs meanwhile.
+  // The incumbent's, at its running stride, so that both sides differ in the residents
+  // alone. While the incumbent has none either (no residents, having beaten r* at
+  // all-CPU), those of the count it beat, at the ratio it beat it by, and l streams
+  // nothing, as the incumbent: the scale then maps that count's steps, as it ran them,
+  // to l's, as l ran them (in simulation, 1000 seeds: deriving it for k = 0 through
+  // that count's own estimates did worse, a sweep's few noisy steps against a duel's
+  // pairs). None for no residents, which streams nothing then (the all-CPU update,
+  // what the policy must never be slower than) and, if it wins, sweeps its own.
+  std::optional<Loan> lender(std::size_t l) const {
     if (level_[l] == 0) return std::nullopt;
-    return explorers_[incumbent_].running();
+    if (const std::optional<std::uint32_t> k = explorers_[incumbent_].running()) return Loan{incumbent_, 1, *k};
+    if (const Loan& b = beaten_[incumbent_]; b.from != none && explorers_[b.from].running()) return b;
+    return std::nullopt;
+  }
+
+  std::optional<std::uint32_t> borrowed_stride(std::size_t l) const {
+    const std::optional<Loan> loan = lender(l);
+    return loan ? std::optional<std::uint32_t>{loan->stride} : std::nullopt;
   }
 
   // The incumbent runs first: the duel begins where the residents are.
@@ -334,10 +356,18 @@ class ResidencyExplorer {
       // (unless it just won its place back).
       if (kind_ != Duel::return_match) rematch_ = incumbent_, rematch_at_ = clock_ + settings_.explore_every;
       recheck_at_[c] = -1;
-      // A count with no strides of its own (nor inherited) ran the beaten one's stride
-      // in the duel: it takes the strides that one measured, scaled by how it ran
-      // against it, rather than sweeping them again.
-      if (!explorers_[c].running() && borrowed_stride(c)) explorers_[c].inherit(explorers_[incumbent_], ratio);
+      // A count with no strides of its own (nor inherited) ran a borrowed stride in the
+      // duel: it takes the strides of their lender, scaled by how it ran against the
+      // incumbent and the incumbent against the lender, rather than sweeping them
+      // again. No residents, which ran all-CPU, lends on those of the count it beat
+      // until it has swept its own: on the Zen 5 VM at link 0.6 it won the opening in
+      // three runs of three, and the count that then beat it swept every stride anew.
+      beaten_[c] = {};
+      if (!explorers_[c].running()) {
+        if (const std::optional<Loan> loan = lender(c))
+          explorers_[c].inherit(explorers_[loan->from], ratio * loan->scale, loan->stride, {score_.times[1].data(), score_.pairs});
+        else if (explorers_[incumbent_].running()) beaten_[c] = {incumbent_, ratio, 0};
+      }
       incumbent_ = c;
       settled_after_ = clock_;
     }
@@ -384,6 +414,7 @@ class ResidencyExplorer {
     recheck_at_[l] = -1;
     wait_[l] = 0;
     fastest_[l] = inf;
+    beaten_[l] = {};
     ++refined_;
     return l;
   }
@@ -395,6 +426,7 @@ class ResidencyExplorer {
   std::array<std::int64_t, max_levels> recheck_at_ = filled<std::int64_t>(-1);  // per count: its re-check; -1 none
   std::array<std::int64_t, max_levels> wait_{};         // per count: its wait, before scaling
   std::array<double, max_levels> fastest_ = filled(inf);  // per count: its fastest step in its last duel
+  std::array<Loan, max_levels> beaten_{};  // per count that won with no strides: the count it beat, by its ratio
   std::size_t subgroups_ = 0;
   std::size_t in_force_ = 0;   // the count the last choice saw
   std::size_t want_ = 0;       // the count asked for from the next step

@@ -125,13 +125,31 @@ TEST_CASE("a count between two compared ones is the best: the refinement reaches
   const ResidentScenario sc = zen5_link06();
   const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 300);
   CHECK(run.residents[0] == 6);
-  // 6 beats 0; 3 beats 6; 1 loses to 3, ending the search; then 4, halfway up the wider
-  // gap, beats 3; 5, between 4 and 6, loses; the gaps are one.
+  // 6 beats 0; 3 beats 6; 1 loses to 3, ending the search; then 4, up the wider gap,
+  // beats 3; 5, between 4 and 6, loses; the gaps are one.
   const ResidencyExplorer& e = explorer_of(run);
   CHECK(std::vector<std::size_t>(e.levels().begin(), e.levels().end()) == std::vector<std::size_t>{6, 3, 1, 0, 4, 5});
   CHECK(e.residents() == 4);
   CHECK(settled_residents(run, 4) <= 60);
   CHECK(run.mean(150, 300) <= 1.02 * zen5_link06_truth[4]);
+}
+
+TEST_CASE("the model chose 7 and 4 is the best: the refinement reaches it, a third of the way up from 3") {
+  // What the Zen 5 VM showed at link 0.6 on 2026-12-04: the model's 7 residents lost
+  // to none, 3 beat none, and 4, the count static_fraction keeps, ran 8% faster than 3.
+  // 1 loses to 3 and ends the search; then 4, a third of the way up the wider gap,
+  // wins; 5, between 4 and 7, loses. Halfway, the refinement tried 5 and 2 and stayed
+  // on 3 in all three runs.
+  const std::vector<double> truth{1.0, 0.97, 0.93, 0.90, 0.83, 0.92, 0.98, 1.03, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1};
+  const ResidentScenario sc{[](std::size_t r, std::uint32_t k) { return with_stride(1.0 + 0.01 * std::pow(static_cast<double>(r) - 7, 2), k); },
+                            [&](std::size_t r, std::uint32_t k, int) { return with_stride(truth[r], k); }};
+  const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 300);
+  CHECK(run.residents[0] == 7);
+  const ResidencyExplorer& e = explorer_of(run);
+  CHECK(std::vector<std::size_t>(e.levels().begin(), e.levels().end()) == std::vector<std::size_t>{7, 3, 1, 0, 4, 5});
+  CHECK(e.residents() == 4);
+  CHECK(settled_residents(run, 4) <= 80);
+  CHECK(run.mean(150, 300) <= 1.02 * truth[4]);
 }
 
 TEST_CASE("the strides are swept once, over r*, before the counts are compared; the winner inherits them") {

@@ -156,16 +156,29 @@ TEST_CASE("inherit: another residency's strides, scaled, as though swept now") {
     if (from.records()[k].kept > 0) CHECK(e.records()[k].median() == doctest::Approx(0.5 * from.records()[k].median()));
   }
   // The stride the residency ran in the duel it won keeps that duel's steps (the last
-  // `window` of them) and runs, whatever the other residency ran.
-  const std::uint32_t ran = *from.running() == 0 ? 1 : 0;
+  // `window` of them) and runs, whatever the other residency ran; where the other
+  // measured that stride `min_samples` times, the scale lines the two up on it (own
+  // median over theirs), else it is the one given.
   const std::vector<double> own{9, 8, 7, 1, 2, 3, 4, 5};
-  StrideExplorer mine;
-  mine.inherit(from, 0.5, ran, own);
-  CHECK(mine.running() == ran);
-  CHECK(mine.records()[ran].kept == StrideExplorer::window);
-  CHECK(mine.records()[ran].median() == doctest::Approx(3));
-  for (std::size_t k = 0; k < from.records().size(); ++k)
-    if (k != ran && from.records()[k].kept > 0) CHECK(mine.records()[k].median() == doctest::Approx(0.5 * from.records()[k].median()));
+  std::size_t lined_up = 0, given = 0;
+  for (std::uint32_t ran = 0; ran < from.records().size(); ++ran) {
+    CAPTURE(ran);
+    StrideExplorer mine;
+    mine.inherit(from, 0.5, ran, own);
+    CHECK(mine.running() == ran);
+    CHECK(mine.records()[ran].kept == StrideExplorer::window);
+    CHECK(mine.records()[ran].median() == doctest::Approx(3));
+    const bool measured = from.records()[ran].kept >= StrideExplorer::min_samples;
+    (measured ? lined_up : given) += 1;
+    const double scale = measured ? 3 / from.records()[ran].median() : 0.5;
+    for (std::size_t k = 0; k < from.records().size(); ++k)
+      if (k != ran && from.records()[k].kept > 0) CHECK(mine.records()[k].median() == doctest::Approx(scale * from.records()[k].median()));
+  }
+  CHECK(lined_up > 0);  // both ways are exercised
+  CHECK(given > 0);
+  StrideExplorer unlimited;  // an infinite scale is no scale
+  unlimited.inherit(from, std::numeric_limits<double>::infinity());
+  CHECK_FALSE(unlimited.running());
   StrideExplorer past;  // a stride past the candidates: none kept, the other's running one runs
   past.inherit(from, 0.5, 99, own);
   CHECK(past.running() == from.running());

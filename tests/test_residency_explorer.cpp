@@ -134,6 +134,26 @@ TEST_CASE("a count between two compared ones is the best: the refinement reaches
   CHECK(run.mean(150, 300) <= 1.02 * zen5_link06_truth[4]);
 }
 
+TEST_CASE("r*'s sweep chose a stride by lucky steps: the count that wins at k = 0 runs k = 0, its strides lined up on it") {
+  // As above, but k = 7 ran 0.7x k = 0's time for the first 12 steps (r*'s sweep) and
+  // 1.22x after; every other stride costs 50%. 6 settles on k = 7; no residents beats
+  // it; 3 beats no residents at k = 0. 3 must keep its own k = 0 steps and run them
+  // (taking r*'s k = 7 as running, it stayed on 4 residents at 1.14x), and r*'s other
+  // strides must be lined up on k = 0, not on r*'s k = 7 (through k = 7 every stride
+  // looked 1.22x too fast, close enough to be played off one by one: 32 steps at 1.5x
+  // after step 50 and a late half 1.225x 3's time over 120 steps).
+  const std::vector<double> truth{1.0, 0.96, 0.91, 0.85, 0.88, 0.97, 1.06, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1};
+  const auto stride = [](std::uint32_t k, int step) { return k == 0 ? 1.0 : k == 7 ? (step < 12 ? 0.7 : 1.22) : 1.5; };
+  const ResidentScenario sc{[](std::size_t r, std::uint32_t k) { return (1.0 + 0.01 * std::pow(static_cast<double>(r) - 6, 2)) * (k == 0 ? 1.0 : 0.97); },
+                            [&](std::size_t r, std::uint32_t k, int step) { return truth[r] * stride(k, step); }};
+  const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 300);
+  const ResidencyExplorer& e = explorer_of(run);
+  REQUIRE(e.residents() == 3);
+  CHECK(e.strides().running() == 0u);
+  CHECK(std::count_if(run.k.begin() + 50, run.k.end(), [](std::uint32_t k) { return k != 0; }) <= 8);
+  CHECK(run.mean(60, 120) <= 1.05 * truth[3]);
+}
+
 TEST_CASE("the model chose 7 and 4 is the best: the refinement reaches it, a third of the way up from 3") {
   // What the Zen 5 VM showed at link 0.6 on 2026-12-04: the model's 7 residents lost
   // to none, 3 beat none, and 4, the count static_fraction keeps, ran 8% faster than 3.

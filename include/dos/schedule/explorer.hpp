@@ -358,20 +358,40 @@ class StrideExplorer {
 
   /// @brief Takes @p from's measurements (another residency's strides) as its own,
   ///        each time scaled by @p scale, as though this explorer had swept them now;
-  ///        its playoffs follow, as after a sweep. @p ran, the stride this residency
-  ///        ran in the duel it won, keeps that duel's @p own steps instead, and is the
-  ///        running one (an index past the strides: none; @p from's running one is).
+  ///        its playoffs follow, as after a sweep. If @p own is not empty, @p ran is
+  ///        the stride this residency ran in the duel it won and @p own that duel's
+  ///        steps: that stride keeps them instead, runs first, and, where @p from
+  ///        measured it `min_samples` times, sets the scale (own median over @p from's).
+  ///        A @p ran past @p from's strides is ignored.
   ///
-  /// A resident count that wins its place starts from what the count it beat measured,
-  /// scaled by how the two compared side by side, instead of sweeping the strides again:
-  /// on the scripted Zen 5 machine (tests/support/scripted_policy.hpp) the sweep of nine
-  /// strides cost about four steps' time, and a second one, after a return match, fell
-  /// in the half of the run the bench measures. What is inherited goes stale and is
-  /// re-checked as measured candidates are; if this residency has more or fewer
-  /// candidates (more or fewer streamable subgroups), its first choice keeps the
+  /// A resident count that wins its place starts from what the counts before it
+  /// measured, scaled by how it compared with them, instead of sweeping the strides
+  /// again: on the scripted Zen 5 machine (tests/support/scripted_policy.hpp) the sweep
+  /// of nine strides cost about four steps' time, and a second one, after a return
+  /// match, fell in the half of the run the bench measures. What is inherited goes
+  /// stale and is re-checked as measured candidates are; if this residency has more or
+  /// fewer candidates (more or fewer streamable subgroups), its first choice keeps the
   /// strides both have and sweeps the new ones.
   void inherit(const StrideExplorer& from, double scale, std::uint32_t ran = ~0u, std::span<const double> own = {}) {
-    if (from.incumbent_ >= from.records_.size() || !(scale > 0)) return;  // nothing settled to take
+    if (from.incumbent_ >= from.records_.size() || !(scale > 0 && std::isfinite(scale))) return;  // nothing to take
+    // What this residency measured itself is better evidence than what is scaled: a
+    // duel won at k = 0, after no residents had beaten r* at all-CPU, must not leave
+    // r*'s stride running (on the scripted Zen 5 machine, a k = 7 r*'s sweep chose by
+    // lucky steps ran 1.22x slow for the rest of the run, 1.47x the best count's). And
+    // the scale lines up the stride it ran: through r*'s lucky k = 7, every inherited
+    // stride looked 1.22x too fast, close enough to the best to be played off one by
+    // one (a review's scripted case: 1.225x the best count's late half, not 1.000).
+    Record mine;
+    const bool kept_own = ran < from.records_.size() && !own.empty();
+    if (kept_own) {
+      const std::size_t n = std::min(own.size(), window);
+      std::copy(own.end() - static_cast<std::ptrdiff_t>(n), own.end(), mine.seconds.begin());
+      mine.kept = mine.samples = static_cast<std::uint32_t>(n);
+      if (const Record& theirs = from.records_[ran]; theirs.kept >= min_samples) {
+        const double lined_up = mine.median() / theirs.median();
+        if (lined_up > 0 && std::isfinite(lined_up)) scale = lined_up;
+      }
+    }
     records_ = from.records_;
     for (Record& c : records_) {
       const auto n = std::min<std::uint32_t>(c.kept, static_cast<std::uint32_t>(window));
@@ -388,16 +408,10 @@ class StrideExplorer {
       c.predicted_then = 0;
     }
     incumbent_ = from.incumbent_;
-    // What this residency measured itself is better evidence than what is scaled: a
-    // duel won at k = 0, after no residents had beaten r* at all-CPU, must not leave
-    // r*'s stride running (on the scripted Zen 5 machine, a k = 7 r*'s sweep chose by
-    // lucky steps ran 1.22x slow for the rest of the run, 1.47x the best count's).
-    if (ran < records_.size() && !own.empty()) {
+    if (kept_own) {
       Record& c = records_[ran];
-      const std::size_t n = std::min(own.size(), window);
-      c.seconds = {};
-      std::copy(own.end() - static_cast<std::ptrdiff_t>(n), own.end(), c.seconds.begin());
-      c.kept = c.samples = static_cast<std::uint32_t>(n);
+      c.seconds = mine.seconds;
+      c.kept = c.samples = mine.kept;
       c.last = clock_;
       incumbent_ = ran;
     }

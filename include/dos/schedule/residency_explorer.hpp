@@ -104,6 +104,7 @@ class ResidencyExplorer {
   double choose(const Request& r, std::uint32_t max_stride, Plan& plan, Plan& scratch, const ExploreSettings& s) {
     const auto count = static_cast<std::size_t>(std::count(r.residency.begin(), r.residency.end(), Place::resident));
     settings_ = s;
+    max_stride_ = max_stride;
     if (levels_ == 0) start(count, r.residency.size());
     else if (count == level_[want_]) in_force_ = want_;
     else if (want_ != in_force_) adopt(count);  // the move asked for did not happen
@@ -220,11 +221,12 @@ class ResidencyExplorer {
   static constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
   static constexpr double inf = std::numeric_limits<double>::infinity();
   enum class Duel { search, return_match, recheck };
-  // Strides lent: whose, and the factor from their step times to the borrower's.
+  // Strides lent: whose, the factor from their step times to the incumbent's, and the
+  // stride the borrower runs in its duel.
   struct Loan {
     std::size_t from = none;
     double scale = 0;
-    std::uint32_t stride = 0;  // what the borrower runs in the duel
+    std::uint32_t stride = 0;
   };
 
   template <class T>
@@ -304,10 +306,10 @@ class ResidencyExplorer {
   // alone. While the incumbent has none either (no residents, having beaten r* at
   // all-CPU), those of the count it beat, at the ratio it beat it by, and l streams
   // nothing, as the incumbent: the scale then maps that count's steps, as it ran them,
-  // to l's, as l ran them (in simulation, 1000 seeds: deriving it for k = 0 through
-  // that count's own estimates did worse, a sweep's few noisy steps against a duel's
-  // pairs). None for no residents, which streams nothing then (the all-CPU update,
-  // what the policy must never be slower than) and, if it wins, sweeps its own.
+  // to l's, as l ran them. (Where the lender measured the stride l ran often enough,
+  // `StrideExplorer::inherit` lines the two up on that stride instead.) None for no
+  // residents, which streams nothing then (the all-CPU update, what the policy must
+  // never be slower than) and, if it wins, sweeps its own.
   std::optional<Loan> lender(std::size_t l) const {
     if (level_[l] == 0) return std::nullopt;
     if (const std::optional<std::uint32_t> k = explorers_[incumbent_].running()) return Loan{incumbent_, 1, *k};
@@ -362,12 +364,16 @@ class ResidencyExplorer {
       // duel: it takes the strides of their lender, scaled by how it ran against the
       // incumbent and the incumbent against the lender, rather than sweeping them
       // again. No residents, which ran all-CPU, lends on those of the count it beat
-      // until it has swept its own: on the Zen 5 VM at link 0.6 it won the opening in
+      // until it has strides of its own: on the Zen 5 VM at link 0.6 it won the opening in
       // three runs of three, and the count that then beat it swept every stride anew.
       beaten_[c] = {};
       if (!explorers_[c].running()) {
         if (const std::optional<Loan> loan = lender(c))
-          explorers_[c].inherit(explorers_[loan->from], ratio * loan->scale, loan->stride, {score_.times[1].data(), score_.pairs});
+          // (Its steps are filed under the stride its own subgroups streamed: with
+          // fewer streamable than the lender's stride, the last.)
+          explorers_[c].inherit(explorers_[loan->from], ratio * loan->scale,
+                                std::min(loan->stride, detail::candidates(max_stride_, subgroups_ - level_[c])),
+                                {score_.times[1].data(), score_.pairs});
         else if (explorers_[incumbent_].running()) beaten_[c] = {incumbent_, ratio, 0};
       }
       incumbent_ = c;
@@ -433,7 +439,7 @@ class ResidencyExplorer {
   std::array<std::int64_t, max_levels> recheck_at_ = filled<std::int64_t>(-1);  // per count: its re-check; -1 none
   std::array<std::int64_t, max_levels> wait_{};         // per count: its wait, before scaling
   std::array<double, max_levels> fastest_ = filled(inf);  // per count: its fastest step in its last duel
-  std::array<Loan, max_levels> beaten_{};  // per count that won with no strides: the count it beat, by its ratio
+  std::array<Loan, max_levels> beaten_{};  // no residents, having won at all-CPU: the count it beat (with strides), by its ratio
   std::size_t subgroups_ = 0;
   std::size_t in_force_ = 0;   // the count the last choice saw
   std::size_t want_ = 0;       // the count asked for from the next step
@@ -453,6 +459,7 @@ class ResidencyExplorer {
   std::array<double, 2> pair_{inf, inf};  // this pair's steps: incumbent, challenger
   detail::DuelScore score_;
   ExploreSettings settings_{};
+  std::uint32_t max_stride_ = 0;  // as the last choice was asked
   std::int64_t clock_ = 0;
   std::int64_t settled_after_ = 0;
 };

@@ -258,7 +258,7 @@ class ResidencyExplorer {
     recheck_at_.fill(-1);
     wait_.fill(0);
     fastest_.fill(inf);
-    beaten_.fill({});
+    beaten_ = {};
     rematch_ = none;
     searching_ = dueling_ = sweeping_ = false;
   }
@@ -313,7 +313,7 @@ class ResidencyExplorer {
   std::optional<Loan> lender(std::size_t l) const {
     if (level_[l] == 0) return std::nullopt;
     if (const std::optional<std::uint32_t> k = explorers_[incumbent_].running()) return Loan{incumbent_, 1, *k};
-    if (const Loan& b = beaten_[incumbent_]; b.from != none && explorers_[b.from].running()) return b;
+    if (level_[incumbent_] == 0 && beaten_.from != none && explorers_[beaten_.from].running()) return beaten_;
     return std::nullopt;
   }
 
@@ -366,7 +366,7 @@ class ResidencyExplorer {
       // again. No residents, which ran all-CPU, lends on those of the count it beat
       // until it has strides of its own: on the Zen 5 VM at link 0.6 it won the opening in
       // three runs of three, and the count that then beat it swept every stride anew.
-      beaten_[c] = {};
+      if (level_[c] == 0) beaten_ = {};
       if (!explorers_[c].running()) {
         if (const std::optional<Loan> loan = lender(c))
           // (Its steps are filed under the stride its own subgroups streamed: with
@@ -374,7 +374,7 @@ class ResidencyExplorer {
           explorers_[c].inherit(explorers_[loan->from], ratio * loan->scale,
                                 std::min(loan->stride, detail::candidates(max_stride_, subgroups_ - level_[c])),
                                 {score_.times[1].data(), score_.pairs});
-        else if (explorers_[incumbent_].running()) beaten_[c] = {incumbent_, ratio, 0};
+        else if (level_[c] == 0 && explorers_[incumbent_].running()) beaten_ = {incumbent_, ratio, 0};
       }
       incumbent_ = c;
       settled_after_ = clock_;
@@ -427,7 +427,6 @@ class ResidencyExplorer {
     recheck_at_[l] = -1;
     wait_[l] = 0;
     fastest_[l] = inf;
-    beaten_[l] = {};
     ++refined_;
     return l;
   }
@@ -439,7 +438,7 @@ class ResidencyExplorer {
   std::array<std::int64_t, max_levels> recheck_at_ = filled<std::int64_t>(-1);  // per count: its re-check; -1 none
   std::array<std::int64_t, max_levels> wait_{};         // per count: its wait, before scaling
   std::array<double, max_levels> fastest_ = filled(inf);  // per count: its fastest step in its last duel
-  std::array<Loan, max_levels> beaten_{};  // no residents, having won at all-CPU: the count it beat (with strides), by its ratio
+  Loan beaten_{};  // what no residents beat at all-CPU: the count (with strides), by its ratio; only it lends so
   std::size_t subgroups_ = 0;
   std::size_t in_force_ = 0;   // the count the last choice saw
   std::size_t want_ = 0;       // the count asked for from the next step

@@ -361,3 +361,92 @@ TEST_CASE("duels: a phase where every other step runs 3x slow sets off no challe
   CHECK(std::count(phase.explored.begin(), phase.explored.end(), true) == 0);
   CHECK(std::count(phase.k.begin(), phase.k.end(), 8u) == 50);
 }
+
+namespace {
+// Plays one duel of detail::DuelScore to its end; @p pair gives the i-th pair's times,
+// the incumbent's then the challenger's. Returns {over, won, pairs played}.
+struct Verdict {
+  bool over = false;
+  bool won = false;
+  std::size_t pairs = 0;
+};
+template <class Pair>
+Verdict play(Pair pair, bool confirm = false) {
+  detail::DuelScore score;
+  score.restart(confirm);
+  Verdict v;
+  for (std::size_t i = 0; i < detail::DuelScore::confirm && !v.over; ++i) {
+    const auto [incumbent, challenger] = pair(i);
+    v.over = score.add(incumbent, challenger, v.won);
+    v.pairs = score.pairs;
+  }
+  return v;
+}
+}  // namespace
+
+TEST_CASE("duels: a split verdict plays on to eight pairs; a clear one ends at four") {
+  // The challenger 10% faster, but two of its first four steps slow (1.3x): its two
+  // fastest won, the median of the ratios did not. Over four pairs that was a loss.
+  const auto split_then = [](double later) {
+    return [later](std::size_t i) -> std::pair<double, double> {
+      if (i < 4) return {1.0, i % 2 == 1 ? 1.3 * 0.9 : 0.9};
+      return {1.0, later};
+    };
+  };
+  SUBCASE("fast steps after the split: it wins over eight") {
+    const Verdict v = play(split_then(0.9));
+    CHECK(v.over);
+    CHECK(v.won);
+    CHECK(v.pairs == detail::DuelScore::confirm);
+  }
+  SUBCASE("slow steps after the split: it loses over eight") {
+    const Verdict v = play(split_then(1.3 * 0.9));
+    CHECK(v.over);
+    CHECK_FALSE(v.won);
+    CHECK(v.pairs == detail::DuelScore::confirm);
+  }
+  SUBCASE("a challenger no faster does not split: it loses at four") {
+    const Verdict v = play([](std::size_t i) -> std::pair<double, double> { return {1.0, i % 2 == 1 ? 1.3 : 1.0}; });
+    CHECK(v.over);
+    CHECK_FALSE(v.won);
+    CHECK(v.pairs == detail::DuelScore::length);
+  }
+  SUBCASE("a clear win at four pairs ends there, unless it must be confirmed") {
+    const auto faster = [](std::size_t i) -> std::pair<double, double> { return {1.0, i == 0 ? 0.85 : 0.9}; };
+    // (A third pair whose incumbent step was fast makes no clear win: every challenger
+    // step must beat every incumbent step by the margin.)
+    const auto no_clear_win = [&](std::size_t i) -> std::pair<double, double> { return i == 2 ? std::pair{0.95, 0.97} : faster(i); };
+    const Verdict v = play(no_clear_win);
+    CHECK(v.over);
+    CHECK(v.won);
+    CHECK(v.pairs == detail::DuelScore::length);
+    CHECK(play(no_clear_win, /*confirm=*/true).pairs == detail::DuelScore::confirm);
+    CHECK(play(faster, /*confirm=*/true).pairs == detail::DuelScore::clear);  // a clear win needs no confirming
+  }
+}
+
+TEST_CASE("property: with one streaming step in five 1.2-1.4x slow, a 10% faster challenger wins 9 duels in 10 and an equal one hardly ever") {
+  // The Zen 5 VM's streaming steps (docs/design.md, "Choosing the split"). Four-pair
+  // verdicts alone lost 17% of these duels for the faster challenger.
+  const auto rate = [](double challenger, bool confirm) {
+    int won = 0;
+    constexpr int duels = 4000;
+    for (std::uint64_t seed = 1; seed <= duels; ++seed) {
+      test::Rng rng(seed);
+      const auto noisy = [&](double t) { return t * (1 + 0.01 * static_cast<double>(rng.uniform(-1.0f, 1.0f))); };
+      won += play([&](std::size_t) -> std::pair<double, double> {
+               const double i = noisy(1.0);
+               double c = noisy(challenger);
+               if (rng.below(5) == 0) c *= 1.2 + 0.2 * static_cast<double>(rng.uniform(0.0f, 1.0f));
+               return {i, c};
+             }, confirm).won;
+    }
+    return static_cast<double>(won) / duels;
+  };
+  for (const bool confirm : {false, true}) {
+    CAPTURE(confirm);
+    CHECK(rate(0.9, confirm) >= 0.9);
+    CHECK(rate(1.0, confirm) <= 0.05);
+    CHECK(rate(1.05, confirm) == 0);
+  }
+}

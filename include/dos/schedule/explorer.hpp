@@ -64,10 +64,12 @@ struct DuelScore {
   std::array<std::array<double, confirm>, 2> times{};  // incumbent, challenger
   std::size_t pairs = 0;
   bool confirming = false;  // a win of the first `length` pairs plays on
+  bool split = false;       // the first `length` pairs were split: the duel plays on
 
   void restart(bool confirm_a_win = false) noexcept {
     pairs = 0;
     confirming = confirm_a_win;
+    split = false;
   }
   /// Records one pair; returns whether the duel is over, and then sets @p won.
   bool add(double incumbent, double challenger, bool& won) noexcept {
@@ -77,6 +79,16 @@ struct DuelScore {
     if (pairs == clear && clear_win()) return won = true;
     if (pairs < length || (pairs > length && pairs < confirm)) return false;
     won = challenger_won();
+    // A split verdict plays on to `confirm` pairs. The challenger's fastest steps won
+    // but the median did not: two of its four steps were slow ones. On the Zen 5 VM a
+    // streaming step runs 1.2-1.4x slow about one time in five, and a stride 10% faster
+    // than all-CPU lost duels to it (bench_automatic at link 2: three losses in a row
+    // kept all-CPU running for 80 steps). On a simulation of that noise such a stride
+    // lost 17% of four-pair duels, 5% with a split played on; a challenger as fast as
+    // the incumbent won 3.4% either way: it hardly ever splits, as its fastest steps
+    // must beat the incumbent's.
+    if (!won && pairs == length && fastest_won()) split = true;
+    if (split && pairs < confirm) return false;
     return !won || !confirming || pairs == confirm;
   }
 
@@ -102,11 +114,14 @@ struct DuelScore {
   // margin both ways, by its two fastest times against the incumbent's (which no one or
   // two slow steps move) and by the median of the pairs' ratios (which a phase of the
   // machine that began or ended during the duel does not move).
-  bool challenger_won() const noexcept {
+  bool challenger_won() const noexcept { return fastest_won() && median_ratio() < 1 - margin; }
+
+  // Whether the challenger's two fastest times beat the incumbent's by the margin.
+  bool fastest_won() const noexcept {
     std::array<double, confirm> challenger = times[1], incumbent = times[0];
     sort_first(challenger, pairs);
     sort_first(incumbent, pairs);
-    return challenger[0] + challenger[1] < (1 - margin) * (incumbent[0] + incumbent[1]) && median_ratio() < 1 - margin;
+    return challenger[0] + challenger[1] < (1 - margin) * (incumbent[0] + incumbent[1]);
   }
 
   // After `clear` pairs, a challenger whose every time beat every one of the
@@ -177,7 +192,9 @@ struct ExploreSettings {
 /// slowed, hardly ever sped up, by the machine's other work) and by the median of the
 /// pairs' ratios (which a phase of the machine beginning mid-duel does not move), in a
 /// challenge (below) then again over `confirm_pairs` pairs (against a settled choice,
-/// one lucky run of four steps is no verdict); or, after `clear_pairs` pairs, when each
+/// one lucky run of four steps is no verdict), and over `confirm_pairs` in any duel
+/// whose four pairs split (its fastest steps won, the median did not: two of its
+/// steps were slow ones); or, after `clear_pairs` pairs, when each
 /// of its steps beat each of the incumbent's by the margin. Duels are fought, in this
 /// order of precedence:
 /// - a *return match*, `explore_every` steps after an incumbent lost its place, for it

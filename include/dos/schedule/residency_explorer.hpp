@@ -64,7 +64,8 @@ namespace dos {
 /// challenger, challenger, incumbent, incumbent, ... so that the residents move once
 /// per pair. The verdict is `StrideExplorer`'s: the challenger wins by more than 1%
 /// both by its two fastest steps and by the median of the pairs' ratios (in a
-/// re-check, below, then again over `DuelScore::confirm` pairs), or at once by a
+/// re-check, below, or after a split verdict, then again over `DuelScore::confirm`
+/// pairs), or at once by a
 /// clear win; it loses at once by a clear loss (after three pairs, each of its steps
 /// slower than each of the incumbent's by the margin), if in two pairs its step ran
 /// more than `max_slowdown` times slower than the incumbent's paired one, or if a step

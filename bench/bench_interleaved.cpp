@@ -12,8 +12,10 @@
 // step_s (the whole step() call: with resident_then_stride, the moves of its residents
 // between steps too), residents (subgroups kept resident, averaged).
 // Every policy first runs kWarmSteps unmeasured steps, in which the automatic ones settle.
+// BM_Interleaved/all_cpu_again is a second all-CPU run, the control.
 // Run: build/release/bench/bench_interleaved --benchmark_min_time=1
-// and: /usr/bin/python3 bench/interleaved_report.py build/release/bench/bench_interleaved
+// and: /usr/bin/python3 bench/interleaved_report.py build/release/bench/bench_interleaved [min_time] [repetitions]
+// (the report runs each policy five times, in a random order, and takes medians)
 
 #include <benchmark/benchmark.h>
 #include <dos/optimizer.hpp>
@@ -90,6 +92,8 @@ void register_all() {
         ->Unit(benchmark::kMillisecond);
   };
   add("all_cpu", dos::AllCpu{});
+  // A second all-CPU run, the control: what the machine alone moves a figure by.
+  add("all_cpu_again", dos::AllCpu{});
   for (std::uint32_t k = 1; k <= 8; ++k) add(fmt::format("stride_{}", k), dos::FixedStride{k});
   add("automatic", dos::AutomaticStride{});
   add("balanced", dos::Balanced{});

@@ -51,7 +51,8 @@ inline std::uint32_t candidates(std::uint32_t max_stride, std::size_t subgroups)
 /// match. The longer verdict cuts such wins about sixfold (a 10% slower challenger on
 /// a simulation of that noise: 3.4% of duels won in four pairs, 0.6% after eight) and
 /// delays a real win by four pairs. Duels while settling (playoffs, the residency's
-/// search) and return matches do not confirm: there no choice is established yet, or
+/// search) and return matches do not confirm (a split verdict, below, plays on in every
+/// duel): there no choice is established yet, or
 /// the one just made may be the lucky one, and each confirmation would delay settling
 /// (on the scripted noisy machines of test_explorer, 20-23% of runs settled after step
 /// 40 instead of 7-10% when every duel confirmed).

@@ -205,7 +205,9 @@ struct ExploreSettings {
 ///   can be the slowest: on the Zen 5 VM all-CPU's two sweep steps ran 1.6-2.4x its
 ///   later time, and without its playoff a run settled 1.35x slower than all-CPU),
 ///   and for the candidates whose fastest step came within `close` of the
-///   incumbent's (the sweep's few steps of a candidate may all have been slow ones);
+///   incumbent's (the sweep's few steps of a candidate may all have been slow ones),
+///   or, over inherited records (`inherit`), beat it by the margin (they were scaled
+///   from another residency, where streaming cost otherwise);
 ///   fastest first (all-CPU first instead delayed settling on noisy machines);
 /// - *challenges*, by a candidate whose fastest kept step (a re-check refreshes it)
 ///   beat the incumbent's by more than the margin, all-CPU first (it is what the
@@ -437,6 +439,8 @@ class StrideExplorer {
     // Playoffs are drawn anew, over this residency: a stride the other count's sweep
     // chose by a few lucky steps would otherwise run until it went stale (on the
     // scripted Zen 5 machine, 600 steps: 115 seeds of 2000 over 5% without, 25 with).
+    // Only all-CPU and the strides that look faster than the incumbent get one
+    // (draw_playoffs).
     playoffs_drawn_ = false;
     sweep_end_ = clock_ - 1;
     inherited_ = true;
@@ -555,12 +559,19 @@ class StrideExplorer {
   }
 
   // Right after the sweep: which candidates get a playoff (see the class comment).
+  // After inheriting, all-CPU and those whose scaled fastest step beat the incumbent's:
+  // one factor scales every inherited stride, but what streaming costs next to k = 0
+  // differs between residencies. On the Zen 5 VM at 64M parameters (2026-12-04) the
+  // strides r*'s sweep found within `close` of k = 0 ran 1.3-1.4x k = 0's time over
+  // the count that inherited them, and their playoffs (4-15 steps after step 60 in
+  // half the runs at links 0.6-2) weighed on the late half as much as a wrong count.
   void draw_playoffs(const ExploreSettings& s) {
     playoffs_drawn_ = true;
     const double incumbent_fastest = records_[incumbent_].fastest();
+    const double bar = inherited_ ? 1 - duel_margin : 1 + s.close;
     for (std::size_t k = 0; k < records_.size(); ++k) {
       Record& c = records_[k];
-      c.dueled = !(c.kept > 0 && (k == 0 || c.fastest() <= (1 + s.close) * incumbent_fastest));
+      c.dueled = !(c.kept > 0 && (k == 0 || c.fastest() <= bar * incumbent_fastest));
     }
   }
 

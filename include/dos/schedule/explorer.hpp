@@ -563,8 +563,8 @@ class StrideExplorer {
   // one factor scales every inherited stride, but what streaming costs next to k = 0
   // differs between residencies. On the Zen 5 VM at 64M parameters (2026-12-04) the
   // strides r*'s sweep found within `close` of k = 0 ran 1.3-1.4x k = 0's time over
-  // the count that inherited them, and their playoffs (4-15 steps after step 60 in
-  // half the runs at links 0.6-2) weighed on the late half as much as a wrong count.
+  // the count that inherited them, and their playoffs (4-12 steps after step 60 in
+  // 9 of 20 runs, at links 0.6-2) weighed on the late half as much as a wrong count.
   void draw_playoffs(const ExploreSettings& s) {
     playoffs_drawn_ = true;
     const double incumbent_fastest = records_[incumbent_].fastest();

@@ -41,8 +41,9 @@ namespace dos {
 /// or at the incumbent's while it has none, so that a duel compares residents alone;
 /// but no residents without strides of its own streams nothing (it is then the all-CPU
 /// update). A count that wins its place with no strides of its own takes those of the
-/// count it beat, scaled by the duel's ratio (`StrideExplorer::inherit`), holds its
-/// playoffs over them, and re-checks them as they go stale. No residents, having run
+/// count it beat, scaled by the duel's ratio (`StrideExplorer::inherit`), plays off
+/// all-CPU and those that look faster than the one it runs, and re-checks them as they
+/// go stale. No residents, having run
 /// all-CPU, takes none and sweeps its own; until it has, its challengers run and take
 /// the strides of the count it beat, scaled through both duels (they stream nothing in
 /// them, as it does). Smaller counts than

@@ -214,6 +214,34 @@ TEST_CASE("the winner holds no playoffs for inherited strides that looked slower
   CHECK(run.mean(150, 300) <= 1.02 * t(4, 0));
 }
 
+TEST_CASE("the return match: the count that came closest meets the winner in blocks of steps that stayed") {
+  // Steps right after a move read 40% of the way towards the count left, as on the
+  // Zen 5 VM (docs/design.md, "What a duel of counts sees"), so duels see a fifth of
+  // each difference: 3 (0.88) beats the model's 6 (1.00), and 4 (0.85, the best),
+  // tried next, reads only 0.7% faster than 3, short of the 1% margin. It lost by
+  // the least, so its return match is in blocks, which compare the steps after the
+  // two pulled ones: 4 wins it, a second block confirms, and the policy keeps 4.
+  const std::vector<double> truth{1.02, 0.96, 0.92, 0.88, 0.85, 0.93, 1.0, 1.05, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1};
+  ResidentScenario sc{zen5_link06().predicted, [&](std::size_t r, std::uint32_t k, int) { return with_stride(truth[r], k); }};
+  sc.pull = 0.4;
+  const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 300);
+  const ResidencyExplorer& e = explorer_of(run);
+  CHECK(std::vector<std::size_t>(e.levels().begin(), e.levels().end()) == std::vector<std::size_t>{6, 3, 1, 0, 4, 2});
+  CHECK(e.residents() == 4);
+  CHECK(run.mean(150, 300) <= 1.02 * truth[4]);
+  // The blocks: 4 ran six steps in a row, explored, twice, before it took the place.
+  int longest = 0, streak = 0;
+  for (std::size_t i = 0; i < run.residents.size(); ++i) {
+    streak = run.residents[i] == 4 && run.explored[i] ? streak + 1 : 0;
+    longest = std::max(longest, streak);
+  }
+  CHECK(longest == 6);
+  // Without the pull the duel itself sees 4 ahead, and no return match is needed.
+  sc.pull = 0;
+  const ResidentRun plain = drive_resident(ResidentThenStride{}, sc, 300);
+  CHECK(explorer_of(plain).residents() == 4);
+}
+
 TEST_CASE("no residents wins the opening: the count that beats it next takes r*'s strides through both duels") {
   // The model's 6 runs 6% slower than all-CPU, 3 is the best; streaming costs 50%.
   // No residents, having run all-CPU, has no strides to lend; 3 takes 6's, scaled by

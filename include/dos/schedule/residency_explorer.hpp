@@ -70,9 +70,18 @@ namespace dos {
 /// clear win; it loses at once by a clear loss (after three pairs, each of its steps
 /// slower than each of the incumbent's by the margin), if in two pairs its step ran
 /// more than `max_slowdown` times slower than the incumbent's paired one, or if a step
-/// measured no time. A count that lost its place meets the winner again in a return
-/// match, once, `explore_every` steps after the search (one duel on a shared machine
-/// can be lost to a few slow steps).
+/// measured no time.
+///
+/// **The return match.** When the search ends, the count that came closest to the
+/// winner (the smallest median ratio over the winner's in the duel it lost, whether it
+/// lost its place or failed to take it), if within `rematch_within`, meets the winner
+/// again, once, `explore_every` steps later, in *blocks*: the winner's two steps, the
+/// challenger's six, the winner's four, the two steps after each move not compared,
+/// so that four of each side's steps compare as the two counts run when they stay (a
+/// duel moves the residents every two steps, and the steps after a move read part of
+/// the way towards the count left: docs/design.md, "What a duel of counts sees"). The
+/// four pairs are judged as a duel's; a win must be confirmed by a second block, since
+/// a block is long enough for a phase of the machine to begin and end within it.
 ///
 /// **Settled**, the winning count's `StrideExplorer` chooses the stride. Every count
 /// that lost is re-checked (a machine changes): `stale_after` steps after its loss,
@@ -93,6 +102,12 @@ class ResidencyExplorer {
  public:
   static constexpr std::size_t max_refinements = 2;  ///< counts between tried after the search
   static constexpr std::size_t max_levels = 4 + max_refinements;  ///< r*, r*/2, r*/4, 0, then those
+  /// A count that lost its duel by more than this fraction (median of the pairs'
+  /// ratios) gets no return match: a few slow steps of a shared machine move a median
+  /// of four pairs by less (on the Zen 5 VM about one step in five ran 1.2-1.4x slow),
+  /// and on the scripted machine where the model is right a block for a count 22%
+  /// slower would only cost its steps.
+  static constexpr double rematch_within = 0.1;
 
   /// @brief Room for every count's stride records, so that choosing never allocates.
   void reserve(std::size_t subgroups, std::uint32_t max_stride) {
@@ -108,7 +123,10 @@ class ResidencyExplorer {
     settings_ = s;
     max_stride_ = max_stride;
     if (levels_ == 0) start(count, r.residency.size());
-    else if (count == level_[want_]) in_force_ = want_;
+    else if (count == level_[want_]) {
+      if (want_ != in_force_) moved_at_ = clock_;
+      in_force_ = want_;
+    }
     else if (want_ != in_force_) adopt(count);  // the move asked for did not happen
     else restart(count, r.residency.size());    // moved from outside: the policy set anew
     // The search begins once r*'s strides are swept, so that every count is compared at
@@ -124,7 +142,7 @@ class ResidencyExplorer {
     // match first, then a count the running one fell far behind, then the most overdue
     // re-check.
     if (!dueling_ && !searching_ && !explorers_[in_force_].dueling() && explorers_[in_force_].swept()) {
-      if (rematch_ != none && clock_ >= rematch_at_) {
+      if (rematch_ != none && clock_ >= rematch_at_ && clock_ - moved_at_ >= 2) {
         start_duel(std::exchange(rematch_, none), Duel::return_match);
       } else if (const std::size_t ahead = far_ahead(); ahead != none) {
         start_duel(ahead, Duel::recheck);
@@ -172,6 +190,7 @@ class ResidencyExplorer {
     // The incumbent's steps ran its running stride, not to explore: they are its
     // explorer's measurements too, so that its estimate stays current.
     if (side == 0) explorers_[incumbent_].observe(t);
+    if (kind_ == Duel::return_match) return observe_block(t.measured_seconds > 0 ? t.measured_seconds : inf);
     pair_[side] = t.measured_seconds > 0 ? t.measured_seconds : inf;
     fastest_[in_force_] = std::min(fastest_[in_force_], pair_[side]);
     if (++steps_in_pair_ < 2) {  // the pair's other side next
@@ -260,6 +279,8 @@ class ResidencyExplorer {
     recheck_at_.fill(-1);
     wait_.fill(0);
     fastest_.fill(inf);
+    lost_to_.fill(none);
+    lost_by_.fill(inf);
     beaten_ = {};
     rematch_ = none;
     searching_ = dueling_ = sweeping_ = false;
@@ -331,8 +352,43 @@ class ResidencyExplorer {
     kind_ = kind;
     dueling_ = true;
     steps_in_pair_ = 0;
+    block_step_ = 0;
+    block_confirming_ = false;
     out_of_reach_pairs_ = 0;
     score_.restart(kind == Duel::recheck);  // a settled count is replaced on firmer evidence
+  }
+
+  // A return match in blocks (see the class comment): the incumbent's two steps, the
+  // challenger's six (the first two after the move not compared), the incumbent's four
+  // (the same). Pairs: its steps 0, 1, 10, 11 against the challenger's 4-7.
+  static constexpr int block_length = 12;
+  void observe_block(double x) {
+    const int i = block_step_++;
+    if (i <= 1) block_[0][static_cast<std::size_t>(i)] = x;
+    else if (i >= 4 && i <= 7) block_[1][static_cast<std::size_t>(i - 4)] = x;
+    else if (i >= 10) block_[0][static_cast<std::size_t>(i - 8)] = x;
+    if (i >= 2 && i <= 7) fastest_[challenger_] = std::min(fastest_[challenger_], x);
+    else fastest_[incumbent_] = std::min(fastest_[incumbent_], x);
+    const int next = i + 1;
+    want_ = next >= 2 && next <= 7 ? challenger_ : incumbent_;
+    // Far out of reach after its first two steps (pulled towards the incumbent's, if at
+    // all): back at once.
+    if (i == 3 && fastest_[challenger_] > settings_.max_slowdown * std::max(block_[0][0], block_[0][1])) {
+      score_.restart();
+      return end_duel(false);
+    }
+    if (next < block_length) return;
+    score_.restart();
+    bool won = false;
+    for (std::size_t p = 0; p < 4; ++p)
+      if (score_.add(block_[0][p], block_[1][p], won)) break;
+    won = won && !score_.split;
+    if (won && !block_confirming_) {  // a second block must confirm it
+      block_confirming_ = true;
+      block_step_ = 0;
+      return;
+    }
+    end_duel(won);
   }
 
   // Count l lost a duel by @p excess (its time over the winner's, less one): it is
@@ -354,12 +410,15 @@ class ResidencyExplorer {
     const std::size_t loser = won ? incumbent_ : c;
     // How much slower the loser ran, side by side (0 if no pair was complete).
     const double ratio = score_.pairs > 0 ? score_.median_ratio() : 1;
+    lost_to_[loser] = won ? c : incumbent_;
+    lost_by_[loser] = won ? 1 / ratio : ratio;
     schedule(loser, std::max(0.0, won ? 1 / ratio - 1 : ratio - 1), kind_ == Duel::recheck && !won);
     const bool slower_going_down = !won && level_[c] < level_[incumbent_] && level_[c] != 0;
     if (won) {
       // One duel on a shared machine can be lost to a few slow steps: the count that
-      // lost its place meets the winner again, once, `explore_every` steps later
-      // (unless it just won its place back).
+      // lost its place is not challenged again in this search, and its return match is
+      // due `explore_every` steps from now (unless it just won its place back); when
+      // the search ends, the count that came closest gets it (below).
       if (kind_ != Duel::return_match) rematch_ = incumbent_, rematch_at_ = clock_ + settings_.explore_every;
       recheck_at_[c] = -1;
       // A count with no strides of its own (nor inherited) ran a borrowed stride in the
@@ -403,6 +462,20 @@ class ResidencyExplorer {
     if (const std::size_t l = refinement(); l != none) return start_duel(l, Duel::search);
     searching_ = false;
     settled_after_ = clock_;
+    // The return match goes to the count that came closest to the winner: on the Zen 5
+    // VM at 64M parameters and link 2 (2026-12-04) 16 residents, which ran 6-9% faster
+    // than 12 when either stayed, lost its duel to 12 in two runs of five and won one
+    // it lost back in its return match; a count that lost its place may not be the one
+    // the duels misjudged.
+    std::size_t closest = none;
+    for (std::size_t l = 0; l < levels_; ++l)
+      if (l != incumbent_ && lost_to_[l] == incumbent_ && (closest == none || lost_by_[l] < lost_by_[closest])) closest = l;
+    if (closest != none && lost_by_[closest] <= 1 + rematch_within) {
+      if (rematch_ == none) rematch_at_ = clock_ + settings_.explore_every;
+      rematch_ = closest;
+    } else {
+      rematch_ = none;
+    }
   }
 
   // The next count of the refinement (see the class comment), added to the levels;
@@ -429,6 +502,8 @@ class ResidencyExplorer {
     recheck_at_[l] = -1;
     wait_[l] = 0;
     fastest_[l] = inf;
+    lost_to_[l] = none;
+    lost_by_[l] = inf;
     ++refined_;
     return l;
   }
@@ -440,6 +515,8 @@ class ResidencyExplorer {
   std::array<std::int64_t, max_levels> recheck_at_ = filled<std::int64_t>(-1);  // per count: its re-check; -1 none
   std::array<std::int64_t, max_levels> wait_{};         // per count: its wait, before scaling
   std::array<double, max_levels> fastest_ = filled(inf);  // per count: its fastest step in its last duel
+  std::array<std::size_t, max_levels> lost_to_ = filled(none);  // per count: whom it lost its last duel to
+  std::array<double, max_levels> lost_by_ = filled(inf);        // and its median ratio over the winner's
   Loan beaten_{};  // what no residents beat at all-CPU: the count (with strides), by its ratio; only it lends so
   std::size_t subgroups_ = 0;
   std::size_t in_force_ = 0;   // the count the last choice saw
@@ -453,9 +530,13 @@ class ResidencyExplorer {
   std::array<std::size_t, max_levels> order_{};  // the search's challengers, in turn
   std::size_t order_size_ = 0;
   std::size_t next_ = 0;           // the next of them
-  std::size_t rematch_ = none;     // the count that lost its place and meets the winner again
+  std::size_t rematch_ = none;     // the count that meets the winner again (the search skips it)
   std::int64_t rematch_at_ = 0;
   std::uint32_t steps_in_pair_ = 0;
+  int block_step_ = 0;                        // steps of a return match so far
+  bool block_confirming_ = false;             // its first block won: a second confirms
+  std::array<std::array<double, 4>, 2> block_{};  // its compared steps: incumbent's, challenger's
+  std::int64_t moved_at_ = -1000;             // the step the count last changed
   std::uint32_t out_of_reach_pairs_ = 0;  // pairs of this duel the challenger ran out of reach
   std::array<double, 2> pair_{inf, inf};  // this pair's steps: incumbent, challenger
   detail::DuelScore score_;

@@ -374,7 +374,10 @@ class ResidencyExplorer {
     // Far out of reach after its first two steps (pulled towards the incumbent's, if at
     // all): back at once.
     if (i == 3 && fastest_[challenger_] > settings_.max_slowdown * std::max(block_[0][0], block_[0][1])) {
+      // One pair, so that the loss is filed at the ratio it ran (never the closest).
       score_.restart();
+      bool won = false;
+      score_.add(std::max(block_[0][0], block_[0][1]), fastest_[challenger_], won);
       return end_duel(false);
     }
     if (next < block_length) return;

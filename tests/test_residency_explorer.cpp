@@ -242,6 +242,33 @@ TEST_CASE("the return match: the count that came closest meets the winner in blo
   CHECK(explorer_of(plain).residents() == 4);
 }
 
+TEST_CASE("the count above the winner lost its duel in a slow phase: it has a return match of its own") {
+  // As above, 4 the best and 3 next, without the pull; but every step of 4's duel runs
+  // 1.25x slow (a phase of the machine that fell on its steps, as on the Zen 5 VM at
+  // 16M, links 1 and 2), so 4 loses to 3 by 20% while 2 (4.5% slower) comes closest and
+  // has the first return match, which it loses. Then 4, the winner's neighbour above
+  // and within `close`, meets 3 in blocks after the phase, wins, and 3 runs no more.
+  const std::vector<double> truth{1.02, 0.96, 0.92, 0.88, 0.85, 0.93, 1.0, 1.05, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1};
+  const ResidentScenario sc{zen5_link06().predicted, [&](std::size_t r, std::uint32_t k, int step) {
+                              return with_stride(truth[r], k) * (r == 4 && step < 50 ? 1.25 : 1.0);
+                            }};
+  const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 120);
+  const ResidencyExplorer& e = explorer_of(run);
+  CHECK(std::vector<std::size_t>(e.levels().begin(), e.levels().end()) == std::vector<std::size_t>{6, 3, 1, 0, 4, 2});
+  CHECK(e.residents() == 4);
+  CHECK(steps_with(run, 3, 90) == 0);
+  CHECK(run.mean(60, 120) <= 1.02 * truth[4]);
+  // Both return matches were blocks: 2's, lost, and 4's, won and confirmed.
+  int twos = 0, longest_four = 0, streak = 0;
+  for (std::size_t i = 0; i < run.residents.size(); ++i) {
+    twos += run.residents[i] == 2 && run.explored[i];
+    streak = run.residents[i] == 4 && run.explored[i] ? streak + 1 : 0;
+    longest_four = std::max(longest_four, streak);
+  }
+  CHECK(twos == 3 + 6);
+  CHECK(longest_four == 6);
+}
+
 TEST_CASE("no residents wins the opening: the count that beats it next takes r*'s strides through both duels") {
   // The model's 6 runs 6% slower than all-CPU, 3 is the best; streaming costs 50%.
   // No residents, having run all-CPU, has no strides to lend; 3 takes 6's, scaled by

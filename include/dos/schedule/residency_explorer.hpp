@@ -78,8 +78,9 @@ namespace dos {
 /// again, once, `explore_every` steps later; then the winner's neighbour above (the
 /// nearest compared count with more residents), if it lost its last duel (to the
 /// winner or another count) by less than `close` and is not that count, meets the
-/// winner (the new one, if the first match changed it) at once after. Both are fought
-/// in *blocks*: the winner's two steps, the
+/// winner at once after (if the first match changed the winner, only if it is still
+/// above it), or first, `explore_every` steps later, where no count came close enough.
+/// Both are fought in *blocks*: the winner's two steps, the
 /// challenger's six, the winner's four, the two steps after each move not compared,
 /// so that four of each side's steps compare as the two counts run when they stay (a
 /// duel moves the residents every two steps, and the steps after a move read part of
@@ -450,9 +451,12 @@ class ResidencyExplorer {
     }
     want_ = incumbent_;
     if (kind_ == Duel::return_match) {
-      // The other one meets the winner next (the new one, if the winner changed), at
-      // once: waiting would not make its block cheaper, only later.
+      // The neighbour above meets the winner next, at once: waiting would not make its
+      // block cheaper, only later. If the first match changed the winner, only if it is
+      // still above it (a count that lost its place to one below it is no neighbour of
+      // the new winner from above, and its loss was not to it).
       rematch_ = std::exchange(rematch_next_, none);
+      if (rematch_ != none && level_[rematch_] <= level_[incumbent_]) rematch_ = none;
       rematch_at_ = clock_;
     }
     if (kind_ == Duel::recheck && won) {
@@ -490,13 +494,16 @@ class ResidencyExplorer {
     // misjudged was above the winner. (Giving the neighbour below a return match too
     // made the scripted `zen5_none_first` end on 0 or 1 residents in 296 of 2000 runs
     // instead of 178: blocks cost steps and misjudge too.)
+    // (A count not yet compared has lost no duel: lost_to_ none. Written as !(x <= y) so
+    // that a ratio of two steps that measured nothing, NaN, qualifies for nothing.)
     std::size_t closest = none, above = none;
     for (std::size_t l = 0; l < levels_; ++l) {
-      if (l != incumbent_ && lost_to_[l] == incumbent_ && (closest == none || lost_by_[l] < lost_by_[closest])) closest = l;
+      if (l == incumbent_ || lost_to_[l] == none) continue;
+      if (lost_to_[l] == incumbent_ && (closest == none || lost_by_[l] < lost_by_[closest])) closest = l;
       if (level_[l] > level_[incumbent_] && (above == none || level_[l] < level_[above])) above = l;
     }
-    if (closest != none && lost_by_[closest] > 1 + rematch_within) closest = none;
-    if (above != none && (above == closest || lost_to_[above] == none || lost_by_[above] > 1 + settings_.close)) above = none;
+    if (closest != none && !(lost_by_[closest] <= 1 + rematch_within)) closest = none;
+    if (above != none && (above == closest || !(lost_by_[above] <= 1 + settings_.close))) above = none;
     if (closest == none) std::swap(closest, above);
     rematch_next_ = above;
     if (closest == none) {

@@ -257,8 +257,16 @@ TEST_CASE("calibrate measures the emulated device's throttles and link") {
   CHECK(p.h2d_bandwidth > p.d2h_bandwidth);
   CHECK(p.device_rate <= 2e7 * 1.01);
   CHECK(p.duplex);
-  EmulatedDeviceBackend shared({.threads = 1}, {.h2d_bandwidth = 100e6, .d2h_bandwidth = 100e6, .duplex = false});
-  CHECK_FALSE(calibrate(shared, cpu, small).duplex);
+  // Each emulated copy sleeps out its throttle, then does its memcpy, and two streams'
+  // memcpys run at once even on a shared link: each memcpy's time counts twice in
+  // t_up + t_down but once in t_both. Under TSan on two cores a 2 MB memcpy (and the
+  // wake-ups around it) took over the 20 ms the throttle gave, and the shared link read
+  // duplex. A smaller copy on a slower link keeps the throttle (52 ms a direction) far
+  // above the memcpy, as it is on a real link.
+  CalibrationSizes slow_link = small;
+  slow_link.copy_bytes = 256 << 10;
+  EmulatedDeviceBackend shared({.threads = 1}, {.h2d_bandwidth = 5e6, .d2h_bandwidth = 5e6, .duplex = false});
+  CHECK_FALSE(calibrate(shared, cpu, slow_link).duplex);
 }
 
 namespace {

@@ -23,6 +23,8 @@
 //               one plan differed by up to 5% from run to run on the Zen 5 VM (each
 //               copy's device threads and memory are its own), which bounds how finely
 //               rts/sf can be read
+//   k/k         the same for a second copy of the best fixed stride (each fixed stride
+//               has one): how finely auto/best can be read when the best streams
 //
 // and the table gives their median and worst over the runs, with the steps the
 // automatic policy took to settle (its last exploration of a candidate it had not
@@ -117,9 +119,9 @@ struct Contender {
 };
 
 struct RunResult {
-  double auto_best = 0, auto_cpu = 0, rts_best = 0, rts_cpu = 0, rts_sf = 0, cpu_cpu = 0, sf_sf = 0;
+  double auto_best = 0, auto_cpu = 0, rts_best = 0, rts_cpu = 0, rts_sf = 0, cpu_cpu = 0, sf_sf = 0, best_best = 0;
   std::int64_t settled = 0, rts_settled = 0;
-  std::size_t residents = 0;  // resident_then_stride's last count
+  std::size_t residents = 0;  // resident_then_stride's count chosen at the end
   std::uint32_t k = 0;  // the automatic policy's last choice
   std::string best;     // the fixed contender it is measured against
 };
@@ -165,6 +167,10 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
   cs.push_back({"static_fraction", dos::StaticFraction{0.25}, {}, {}, {}});
   cs.push_back({"static_fraction_again", dos::StaticFraction{0.25}, {}, {}, {}});
   for (std::uint32_t k = 1; k <= 8; ++k) cs.push_back({fmt::format("stride_{}", k), dos::FixedStride{k}, {}, {}, {}});
+  // A control copy of each stride: streaming plans differ from copy to copy as
+  // static_fraction's do, and the best fixed stride is what auto/best divides by.
+  for (std::uint32_t k = 1; k <= 8; ++k)
+    cs.push_back({fmt::format("stride_{}_again", k), dos::FixedStride{k}, {}, {}, {}});
   const auto named = [&](std::string_view name) -> const Contender& {
     return *std::find_if(cs.begin(), cs.end(), [&](const Contender& c) { return c.name == name; });
   };
@@ -254,10 +260,11 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
   out.rts_cpu = paired(named("resident_then_stride"), named("all_cpu"));
   const auto& rts = named("resident_then_stride");
   out.rts_settled = rts.opt->policy().target<dos::ResidentThenStride>()->explorer.settled_after();
-  out.residents = rts.opt->policy().target<dos::ResidentThenStride>()->explorer.residents();
+  out.residents = rts.opt->policy().target<dos::ResidentThenStride>()->explorer.chosen();
   out.cpu_cpu = paired(named("all_cpu_again"), named("all_cpu"));
   out.sf_sf = paired(named("static_fraction_again"), named("static_fraction"));
   out.best = best->name;
+  out.best_best = best->name == "all_cpu" ? out.cpu_cpu : paired(named(best->name + "_again"), *best);
   const Contender& a = named("automatic");
   out.settled = a.opt->policy().target<dos::AutomaticStride>()->explorer.settled_after();
   out.k = a.opt->timeline().plan.stride;
@@ -275,16 +282,16 @@ int main(int argc, char** argv) {
   const Settings s = parse(argc, argv);
   fmt::print("{} runs of {} steps; medians of paired ratios over the last half; median (worst) over the runs\n",
              s.runs, s.steps);
-  fmt::print("{:>5} {:>6} | {:>13} | {:>13} | {:>9} | {:>9} | {:>13} | {:>13} | {:>13} | {:>9} | {:>9} | {:>19} | {:>21} | {}\n",
+  fmt::print("{:>5} {:>6} | {:>13} | {:>13} | {:>9} | {:>9} | {:>13} | {:>13} | {:>13} | {:>9} | {:>9} | {:>19} | {:>21} | {:>21} | {}\n",
              "link", "params", "auto/best", "auto/cpu", "settled", "final k", "rts/best", "rts/cpu", "rts/sf",
-             "settled", "residents", "best fixed", "cpu/cpu", "sf/sf");
+             "settled", "residents", "best fixed", "cpu/cpu", "sf/sf", "k/k (best fixed)");
   bool met = true, rts_met = true;
   for (const double link : s.links) {
     const dos::EmulatedLink m = dos::emulated_link(link);
     for (const double size : s.sizes) {
       const auto elements = static_cast<std::size_t>(size * (1 << 20));
       const std::vector<float> grad(elements, 1e-3f);
-      std::vector<double> best, cpu, rts_best, rts_cpu, rts_sf, control, sf_control, settled, rts_settled;
+      std::vector<double> best, cpu, rts_best, rts_cpu, rts_sf, control, sf_control, best_control, settled, rts_settled;
       std::string ks, bests, residents;
       for (int run = 0; run < s.runs; ++run) {
         if (s.trace) fmt::print("  run {} of link {}, {}M:\n", run + 1, link, size);
@@ -296,6 +303,7 @@ int main(int argc, char** argv) {
         rts_sf.push_back(r.rts_sf);
         control.push_back(r.cpu_cpu);
         sf_control.push_back(r.sf_sf);
+        best_control.push_back(r.best_best);
         settled.push_back(static_cast<double>(r.settled));
         rts_settled.push_back(static_cast<double>(r.rts_settled));
         ks += fmt::format("{}{}", run == 0 ? "" : ",", r.k);
@@ -305,11 +313,12 @@ int main(int argc, char** argv) {
       const auto worst = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
       met = met && worst(best) <= 1.05 && worst(cpu) <= 1.02;
       rts_met = rts_met && worst(rts_best) <= 1.05 && worst(rts_cpu) <= 1.02;
-      fmt::print("{:>5} {:>5}M | {:>13} | {:>13} | {:>3.0f} ({:>3.0f}) | {:>9} | {:>13} | {:>13} | {:>13} | {:>3.0f} ({:>3.0f}) | {:>9} | {:>19} | {:.3f} [{:.3f}-{:.3f}] | {:.3f} [{:.3f}-{:.3f}]\n",
+      fmt::print("{:>5} {:>5}M | {:>13} | {:>13} | {:>3.0f} ({:>3.0f}) | {:>9} | {:>13} | {:>13} | {:>13} | {:>3.0f} ({:>3.0f}) | {:>9} | {:>19} | {:.3f} [{:.3f}-{:.3f}] | {:.3f} [{:.3f}-{:.3f}] | {:.3f} [{:.3f}-{:.3f}]\n",
                  link, size, spread(best), spread(cpu), median(settled), worst(settled), ks, spread(rts_best),
                  spread(rts_cpu), spread(rts_sf), median(rts_settled), worst(rts_settled), residents, bests,
                  median(control), *std::min_element(control.begin(), control.end()), worst(control),
-                 median(sf_control), *std::min_element(sf_control.begin(), sf_control.end()), worst(sf_control));
+                 median(sf_control), *std::min_element(sf_control.begin(), sf_control.end()), worst(sf_control),
+                 median(best_control), *std::min_element(best_control.begin(), best_control.end()), worst(best_control));
       std::fflush(stdout);
     }
   }

@@ -484,3 +484,39 @@ TEST_CASE("a phase of the machine where every other step runs 3x slow sets off n
   CHECK(steps_with(phase, 16) == 50);
   CHECK(std::count(phase.explored.begin(), phase.explored.end(), true) == 0);
 }
+
+TEST_CASE("residents() is the count in force, chosen() the count that runs when none is compared") {
+  // Stopped after any number of steps, the count in force is the last step's. Where the
+  // last step and the next both ran the same count without exploring, no duel was on:
+  // that count is the one chosen. During a challenger's steps of a duel, the count
+  // chosen is the incumbent's, not the one in force.
+  const ResidentScenario sc = zen5_link06();
+  const ResidentRun whole = drive_resident(ResidentThenStride{}, sc, 81);
+  int quiet = 0, challenged = 0;
+  for (int steps = 1; steps <= 80; ++steps) {
+    const ResidentRun run = drive_resident(ResidentThenStride{}, sc, steps);
+    const ResidencyExplorer& e = explorer_of(run);
+    const auto last = static_cast<std::size_t>(steps - 1);
+    CAPTURE(steps);
+    REQUIRE(run.residents.back() == whole.residents[last]);  // the scripted machine is deterministic
+    CHECK(e.residents() == run.residents.back());
+    if (!whole.explored[last] && !whole.explored[last + 1] && whole.residents[last] == whole.residents[last + 1]) {
+      CHECK(e.chosen() == run.residents.back());
+      ++quiet;
+    }
+    // Inside a challenger's run of steps: explored, at another count than the last step
+    // that did not explore (the strides' exploring steps keep the count), and the next
+    // step the same.
+    std::size_t settled_count = whole.residents[0];
+    for (std::size_t i = 0; i < last; ++i)
+      if (!whole.explored[i]) settled_count = whole.residents[i];
+    if (whole.explored[last] && whole.residents[last] != settled_count && whole.explored[last + 1] &&
+        whole.residents[last + 1] == whole.residents[last]) {
+      CHECK(e.chosen() == settled_count);
+      CHECK(e.chosen() != e.residents());
+      ++challenged;
+    }
+  }
+  CHECK(quiet > 0);
+  CHECK(challenged > 0);
+}

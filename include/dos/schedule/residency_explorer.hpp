@@ -229,8 +229,10 @@ class ResidencyExplorer {
   /// @brief The counts compared: r*, r*/2, r*/4, 0 (those distinct), then the counts
   ///        between tried in the refinement, in the order tried.
   std::span<const std::size_t> levels() const noexcept { return {level_.data(), levels_}; }
-  /// @brief The count in force.
+  /// @brief The count in force: a challenger's, during its steps of a duel.
   std::size_t residents() const noexcept { return levels_ == 0 ? 0 : level_[in_force_]; }
+  /// @brief The count chosen: the one that runs when no count is being compared.
+  std::size_t chosen() const noexcept { return levels_ == 0 ? 0 : level_[incumbent_]; }
   /// @brief Whether the counts are still being compared for the first time (or again,
   ///        after a re-check found the machine changed), or wait for r*'s strides to be
   ///        swept before they are.

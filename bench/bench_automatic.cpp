@@ -25,6 +25,7 @@
 //               rts/sf can be read
 //   k/k         the same for a second copy of the best fixed stride (each fixed stride
 //               has one): how finely auto/best can be read when the best streams
+//   met         the runs that met both bounds of their policy (below)
 //
 // and the table gives their median and worst over the runs, with the steps the
 // automatic policy took to settle (its last exploration of a candidate it had not
@@ -34,7 +35,7 @@
 //
 //   build/release/bench/bench_automatic [--runs 5] [--steps 80] [--sizes 16,64]
 //                                       [--links 0.3,0.6,1,2] [--trace]
-// --trace prints, for every run, the automatic policy's k step by step (E: an exploring
+// --trace prints, for every run, its ratios above, the automatic policy's k step by step (E: an exploring
 // step), each of its steps over the same plan's fixed contender, resident_then_stride's
 // residents and k step by step (r9k3E: 9 resident, k = 3, explored), its update times as
 // it measured them (without the moves), and the late medians.
@@ -282,9 +283,9 @@ int main(int argc, char** argv) {
   const Settings s = parse(argc, argv);
   fmt::print("{} runs of {} steps; medians of paired ratios over the last half; median (worst) over the runs\n",
              s.runs, s.steps);
-  fmt::print("{:>5} {:>6} | {:>13} | {:>13} | {:>9} | {:>9} | {:>13} | {:>13} | {:>13} | {:>9} | {:>9} | {:>19} | {:>21} | {:>21} | {}\n",
-             "link", "params", "auto/best", "auto/cpu", "settled", "final k", "rts/best", "rts/cpu", "rts/sf",
-             "settled", "residents", "best fixed", "cpu/cpu", "sf/sf", "k/k (best fixed)");
+  fmt::print("{:>5} {:>6} | {:>13} | {:>13} | {:>7} | {:>9} | {:>9} | {:>13} | {:>13} | {:>13} | {:>7} | {:>9} | {:>9} | {:>19} | {:>21} | {:>21} | {}\n",
+             "link", "params", "auto/best", "auto/cpu", "met", "settled", "final k", "rts/best", "rts/cpu", "rts/sf",
+             "met", "settled", "residents", "best fixed", "cpu/cpu", "sf/sf", "k/k (best fixed)");
   bool met = true, rts_met = true;
   for (const double link : s.links) {
     const dos::EmulatedLink m = dos::emulated_link(link);
@@ -293,6 +294,7 @@ int main(int argc, char** argv) {
       const std::vector<float> grad(elements, 1e-3f);
       std::vector<double> best, cpu, rts_best, rts_cpu, rts_sf, control, sf_control, best_control, settled, rts_settled;
       std::string ks, bests, residents;
+      int auto_ok = 0, rts_ok = 0;  // runs that met both bounds
       for (int run = 0; run < s.runs; ++run) {
         if (s.trace) fmt::print("  run {} of link {}, {}M:\n", run + 1, link, size);
         const RunResult r = run_once(m, elements, grad, s, s.trace);
@@ -309,13 +311,19 @@ int main(int argc, char** argv) {
         ks += fmt::format("{}{}", run == 0 ? "" : ",", r.k);
         residents += fmt::format("{}{}", run == 0 ? "" : ",", r.residents);
         bests += fmt::format("{}{}", run == 0 ? "" : ",", r.best == "all_cpu" ? "cpu" : r.best.substr(7));
+        auto_ok += r.auto_best <= 1.05 && r.auto_cpu <= 1.02;
+        rts_ok += r.rts_best <= 1.05 && r.rts_cpu <= 1.02;
+        if (s.trace)
+          fmt::print("  run {}: auto/best {:.3f} auto/cpu {:.3f} rts/best {:.3f} rts/cpu {:.3f} rts/sf {:.3f}\n", run + 1,
+                     r.auto_best, r.auto_cpu, r.rts_best, r.rts_cpu, r.rts_sf);
       }
       const auto worst = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
       met = met && worst(best) <= 1.05 && worst(cpu) <= 1.02;
       rts_met = rts_met && worst(rts_best) <= 1.05 && worst(rts_cpu) <= 1.02;
-      fmt::print("{:>5} {:>5}M | {:>13} | {:>13} | {:>3.0f} ({:>3.0f}) | {:>9} | {:>13} | {:>13} | {:>13} | {:>3.0f} ({:>3.0f}) | {:>9} | {:>19} | {:.3f} [{:.3f}-{:.3f}] | {:.3f} [{:.3f}-{:.3f}] | {:.3f} [{:.3f}-{:.3f}]\n",
-                 link, size, spread(best), spread(cpu), median(settled), worst(settled), ks, spread(rts_best),
-                 spread(rts_cpu), spread(rts_sf), median(rts_settled), worst(rts_settled), residents, bests,
+      const std::string auto_met = fmt::format("{}/{}", auto_ok, s.runs), rts_met_runs = fmt::format("{}/{}", rts_ok, s.runs);
+      fmt::print("{:>5} {:>5}M | {:>13} | {:>13} | {:>7} | {:>3.0f} ({:>3.0f}) | {:>9} | {:>13} | {:>13} | {:>13} | {:>7} | {:>3.0f} ({:>3.0f}) | {:>9} | {:>19} | {:.3f} [{:.3f}-{:.3f}] | {:.3f} [{:.3f}-{:.3f}] | {:.3f} [{:.3f}-{:.3f}]\n",
+                 link, size, spread(best), spread(cpu), auto_met, median(settled), worst(settled), ks, spread(rts_best),
+                 spread(rts_cpu), spread(rts_sf), rts_met_runs, median(rts_settled), worst(rts_settled), residents, bests,
                  median(control), *std::min_element(control.begin(), control.end()), worst(control),
                  median(sf_control), *std::min_element(sf_control.begin(), sf_control.end()), worst(sf_control),
                  median(best_control), *std::min_element(best_control.begin(), best_control.end()), worst(best_control));

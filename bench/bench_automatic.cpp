@@ -35,6 +35,9 @@
 //
 //   build/release/bench/bench_automatic [--runs 5] [--steps 80] [--sizes 16,64]
 //                                       [--links 0.3,0.6,1,2] [--trace]
+//                                       [--stride-copies yes|no|auto]
+// --stride-copies: the control copies of the fixed strides (k/k); auto, the default,
+// runs them where 22 copies of the model fit in 80% of the machine's memory.
 // --trace prints, for every run, its ratios above, the automatic policy's k step by step (E: an exploring
 // step), each of its steps over the same plan's fixed contender, resident_then_stride's
 // residents and k step by step (r9k3E: 9 resident, k = 3, explored), its update times as
@@ -44,7 +47,11 @@
 
 #include <fmt/core.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -65,6 +72,7 @@ struct Settings {
   std::vector<double> sizes{16, 64};  // millions of parameters
   std::vector<double> links{0.3, 0.6, 1, 2};
   bool trace = false;
+  int stride_copies = -1;  // --stride-copies: 1 yes, 0 no, -1 where they fit in memory
 };
 
 std::vector<double> numbers(const char* list) {
@@ -97,6 +105,16 @@ Settings parse(int argc, char** argv) {
     else if (a == "--sizes") s.sizes = numbers(value());
     else if (a == "--links") s.links = numbers(value());
     else if (a == "--trace") s.trace = true;
+    else if (a == "--stride-copies") {
+      const std::string_view v = value();
+      if (v == "yes") s.stride_copies = 1;
+      else if (v == "no") s.stride_copies = 0;
+      else if (v == "auto") s.stride_copies = -1;
+      else {
+        fmt::print(stderr, "bench_automatic: --stride-copies takes yes, no or auto, not {}\n", v);
+        std::exit(2);
+      }
+    }
     else {
       fmt::print(stderr, "bench_automatic: unknown argument {}\n", a);
       std::exit(2);
@@ -149,7 +167,7 @@ double paired(const Contender& a, const Contender& b) {
 }
 
 RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::vector<float>& grad,
-                   const Settings& s, bool trace) {
+                   const Settings& s, bool trace, bool stride_copies) {
   // Each round runs the fixed strides, in an order that starts one further along each
   // round, then the six compared contenders (both automatic policies, all-CPU,
   // static_fraction and a control copy of each) in a shuffled order. The compared
@@ -170,8 +188,9 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
   for (std::uint32_t k = 1; k <= 8; ++k) cs.push_back({fmt::format("stride_{}", k), dos::FixedStride{k}, {}, {}, {}});
   // A control copy of each stride: streaming plans differ from copy to copy as
   // static_fraction's do, and the best fixed stride is what auto/best divides by.
-  for (std::uint32_t k = 1; k <= 8; ++k)
-    cs.push_back({fmt::format("stride_{}_again", k), dos::FixedStride{k}, {}, {}, {}});
+  if (stride_copies)
+    for (std::uint32_t k = 1; k <= 8; ++k)
+      cs.push_back({fmt::format("stride_{}_again", k), dos::FixedStride{k}, {}, {}, {}});
   const auto named = [&](std::string_view name) -> const Contender& {
     return *std::find_if(cs.begin(), cs.end(), [&](const Contender& c) { return c.name == name; });
   };
@@ -265,11 +284,31 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
   out.cpu_cpu = paired(named("all_cpu_again"), named("all_cpu"));
   out.sf_sf = paired(named("static_fraction_again"), named("static_fraction"));
   out.best = best->name;
-  out.best_best = best->name == "all_cpu" ? out.cpu_cpu : paired(named(best->name + "_again"), *best);
+  out.best_best = best->name == "all_cpu" ? out.cpu_cpu
+                  : stride_copies         ? paired(named(best->name + "_again"), *best)
+                                          : std::numeric_limits<double>::quiet_NaN();
   const Contender& a = named("automatic");
   out.settled = a.opt->policy().target<dos::AutomaticStride>()->explorer.settled_after();
   out.k = a.opt->timeline().plan.stride;
   return out;
+}
+
+// Whether the control copies of the fixed strides run at this size. Each contender
+// holds its own model: 22 of them at 16M parameters peaked at 6.2 GB of resident
+// memory on the Zen 5 VM (about 17 B per parameter each: values, Adam's state, the
+// emulated device's homes and staging), so at 64M the copies would take the 22
+// contenders past a 24 GiB machine, where the kernel killed the bench in its fourth
+// run. Without them 14 contenders run, and the k/k column says "off".
+bool stride_copies_fit(const Settings& s, std::size_t elements) {
+  if (s.stride_copies >= 0) return s.stride_copies == 1;
+  constexpr double kBytesPerParameter = 18;  // per contender, measured above, rounded up
+  const double need = 22 * kBytesPerParameter * static_cast<double>(elements);
+  const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (need <= 0.8 * have) return true;
+  fmt::print("  {}M parameters: no control copies of the strides (22 copies of the model need about {:.1f} GiB, "
+             "over 80% of this machine's {:.1f} GiB; --stride-copies yes runs them anyway)\n",
+             static_cast<double>(elements) / (1 << 20), need / (1u << 30), have / (1u << 30));
+  return false;
 }
 
 // "median (worst)" of a list of ratios.
@@ -295,9 +334,10 @@ int main(int argc, char** argv) {
       std::vector<double> best, cpu, rts_best, rts_cpu, rts_sf, control, sf_control, best_control, settled, rts_settled;
       std::string ks, bests, residents;
       int auto_ok = 0, rts_ok = 0;  // runs that met both bounds
+      const bool copies = stride_copies_fit(s, elements);
       for (int run = 0; run < s.runs; ++run) {
         if (s.trace) fmt::print("  run {} of link {}, {}M:\n", run + 1, link, size);
-        const RunResult r = run_once(m, elements, grad, s, s.trace);
+        const RunResult r = run_once(m, elements, grad, s, s.trace, copies);
         best.push_back(r.auto_best);
         cpu.push_back(r.auto_cpu);
         rts_best.push_back(r.rts_best);
@@ -305,7 +345,7 @@ int main(int argc, char** argv) {
         rts_sf.push_back(r.rts_sf);
         control.push_back(r.cpu_cpu);
         sf_control.push_back(r.sf_sf);
-        best_control.push_back(r.best_best);
+        if (!std::isnan(r.best_best)) best_control.push_back(r.best_best);
         settled.push_back(static_cast<double>(r.settled));
         rts_settled.push_back(static_cast<double>(r.rts_settled));
         ks += fmt::format("{}{}", run == 0 ? "" : ",", r.k);
@@ -321,12 +361,17 @@ int main(int argc, char** argv) {
       met = met && worst(best) <= 1.05 && worst(cpu) <= 1.02;
       rts_met = rts_met && worst(rts_best) <= 1.05 && worst(rts_cpu) <= 1.02;
       const std::string auto_met = fmt::format("{}/{}", auto_ok, s.runs), rts_met_runs = fmt::format("{}/{}", rts_ok, s.runs);
-      fmt::print("{:>5} {:>5}M | {:>13} | {:>13} | {:>7} | {:>3.0f} ({:>3.0f}) | {:>9} | {:>13} | {:>13} | {:>13} | {:>7} | {:>3.0f} ({:>3.0f}) | {:>9} | {:>19} | {:.3f} [{:.3f}-{:.3f}] | {:.3f} [{:.3f}-{:.3f}] | {:.3f} [{:.3f}-{:.3f}]\n",
+      const std::string k_control =
+          best_control.empty() ? std::string("off (no stride copies)")
+                               : fmt::format("{:.3f} [{:.3f}-{:.3f}]", median(best_control),
+                                             *std::min_element(best_control.begin(), best_control.end()),
+                                             worst(best_control));
+      fmt::print("{:>5} {:>5}M | {:>13} | {:>13} | {:>7} | {:>3.0f} ({:>3.0f}) | {:>9} | {:>13} | {:>13} | {:>13} | {:>7} | {:>3.0f} ({:>3.0f}) | {:>9} | {:>19} | {:.3f} [{:.3f}-{:.3f}] | {:.3f} [{:.3f}-{:.3f}] | {}\n",
                  link, size, spread(best), spread(cpu), auto_met, median(settled), worst(settled), ks, spread(rts_best),
                  spread(rts_cpu), spread(rts_sf), rts_met_runs, median(rts_settled), worst(rts_settled), residents, bests,
                  median(control), *std::min_element(control.begin(), control.end()), worst(control),
                  median(sf_control), *std::min_element(sf_control.begin(), sf_control.end()), worst(sf_control),
-                 median(best_control), *std::min_element(best_control.begin(), best_control.end()), worst(best_control));
+                 k_control);
       std::fflush(stdout);
     }
   }

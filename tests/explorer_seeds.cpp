@@ -4,7 +4,8 @@
 // (median, 95th percentile, most). The test checks 20 seeds; this shows the distribution behind them.
 // Then resident_then_stride on `zen5_residents` (residents help, the model chose too
 // many) and `zen5_none_first` (the model's count slower than all-CPU, so that no
-// residents wins the first duel) at 120 steps, as bench_automatic runs, and at 600,
+// residents wins the first duel), and `zen5_mode_change` (residents help, then cost
+// from 60% of the steps on), at 120 steps, as bench_automatic runs, and at 600,
 // with and without the pull
 // of a move on the steps after it: how often its late half comes out more than 5% over
 // the best count's, and the counts it ended on.
@@ -70,7 +71,8 @@ int main(int argc, char** argv) {
     const char* name;
     NoisyResidents (*make)(std::uint64_t, int, double);
   };
-  for (const Residents m : {Residents{"zen5_residents", zen5_residents}, Residents{"zen5_none_first", zen5_none_first}})
+  for (const Residents m : {Residents{"zen5_residents", zen5_residents}, Residents{"zen5_none_first", zen5_none_first},
+                           Residents{"zen5_mode_change", zen5_mode_change}})
   for (const auto& [pull, steps] : {std::pair{0.0, 120}, {0.0, 600}, {0.4, 120}, {0.4, 600}}) {
     long over = 0;
     double sum = 0, worst = 0;

@@ -348,4 +348,23 @@ inline NoisyResidents zen5_none_first(std::uint64_t seed, int steps, double pull
   return resident_machine(seed, steps, pull, count, 3);
 }
 
+// As `zen5_residents` until 60% of the steps, then a machine where every resident
+// costs 6% (4 residents 1.24x all-CPU's time): on the Zen 5 VM (run Y of
+// bench_automatic, 2026-12-05, link 2) 4 residents ran 0.75-0.90x all-CPU's time until
+// step 82 of 120 and 1.2-1.3x from there. `against` is the count best over the late
+// half (no residents, as the change comes 10% of the steps into it).
+inline NoisyResidents zen5_mode_change(std::uint64_t seed, int steps, double pull = 0) {
+  NoisyResidents n = zen5_residents(seed, steps, pull);
+  const int change = steps * 6 / 10;
+  n.scenario.truth = [helping = n.scenario.truth, change](std::size_t r, std::uint32_t k, int step) {
+    return step < change ? helping(r, k, step) : helping(0, k, step) * (1 + 0.06 * static_cast<double>(r));
+  };
+  n.against = 0;
+  n.late_against = late_mean([&](int i) { return n.scenario.truth(0, 0, i); }, steps);
+  for (std::size_t r = 1; r <= 16; ++r)
+    if (const double late = late_mean([&](int i) { return n.scenario.truth(r, 0, i); }, steps); late < n.late_against)
+      n.late_against = late, n.against = r;
+  return n;
+}
+
 }  // namespace dos::test::scripted

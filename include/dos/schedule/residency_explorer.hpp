@@ -93,7 +93,9 @@ namespace dos {
 /// later in proportion to how much slower it ran beyond `close` (as a stale stride is
 /// re-checked), and twice as late after each re-check it loses, up to 16 times; the
 /// most overdue first, and at once a count whose fastest step in its last duel beat
-/// the running count's fastest recent step by more than `max_slowdown` times. If it
+/// the running count's fastest recent step by more than `max_slowdown` times; by more
+/// than `close / 2` (the running count's steps rose and stayed up), sooner than due,
+/// at most once per wait that doubles with each such re-check lost. If it
 /// wins, the counts below it challenge it in turn, as in the search. Return matches
 /// and re-checks wait until the running count's strides are swept, so that each count
 /// is met at its best stride, not at the model's guess.
@@ -150,8 +152,11 @@ class ResidencyExplorer {
     if (!dueling_ && !searching_ && !explorers_[in_force_].dueling() && explorers_[in_force_].swept()) {
       if (rematch_ != none && clock_ >= rematch_at_ && clock_ - moved_at_ >= 2) {
         start_duel(std::exchange(rematch_, none), Duel::return_match);
-      } else if (const std::size_t ahead = far_ahead(); ahead != none) {
+      } else if (const std::size_t ahead = ahead_of_running(settings_.max_slowdown); ahead != none) {
         start_duel(ahead, Duel::recheck);
+      } else if (const std::size_t risen = clock_ >= rise_at_ ? ahead_of_running(1 + settings_.close / 2) : none; risen != none) {
+        start_duel(risen, Duel::recheck);
+        risen_ = true;
       } else {
         std::size_t due = none;
         for (std::size_t l = 0; l < levels_; ++l)
@@ -290,6 +295,7 @@ class ResidencyExplorer {
     lost_to_.fill(none);
     lost_by_.fill(inf);
     beaten_ = {};
+    rise_at_ = rise_wait_ = 0;
     rematch_ = rematch_next_ = none;
     searching_ = dueling_ = sweeping_ = false;
   }
@@ -312,13 +318,22 @@ class ResidencyExplorer {
   }
 
   // A count whose fastest step in its last duel beat the running count's fastest
-  // recent step by more than `max_slowdown` times (the machine changed: another job
-  // took the device): it challenges at once, whatever its wait. None if there is none.
+  // recent step by more than @p factor times, the fastest such; none if there is none.
+  // Two uses. By `max_slowdown` times (the machine changed: another job took the
+  // device), it challenges at once, whatever its wait. By `close / 2` (the running
+  // count's steps rose and stayed up for the five steps its fastest is taken over), it
+  // challenges as a re-check, at most once per `rise_at_` wait: on the Zen 5 VM (run Y,
+  // link 2) 4 residents won their place rightly at 0.75-0.90x all-CPU's time, and from
+  // step 82 ran 1.2-1.3x, while no residents, which they had beaten, was due for its
+  // re-check 200 steps after its loss. A duel refreshes the challenger's fastest step,
+  // so a phase of the machine that slows every plan sets off each count's re-check once
+  // at most (its fastest is then the phase's), and the counts that lost by more than
+  // the rise are not re-checked at all.
   // Fastest against fastest, not against the running count's median: on the Zen 5 VM
   // a phase of steps 1.5-3x slow raised that median past twice what counts measured
   // before it, and two re-checks in twenty steps set off a new search late in a run,
   // whereas a step is slowed, hardly ever sped up, by the machine's other work.
-  std::size_t far_ahead() const {
+  std::size_t ahead_of_running(double factor) const {
     const StrideExplorer& e = explorers_[in_force_];
     const std::optional<std::uint32_t> k = e.running();
     if (!k) return none;
@@ -326,7 +341,7 @@ class ResidencyExplorer {
     if (!std::isfinite(running)) return none;  // nothing measured since its last duel
     std::size_t ahead = none;
     for (std::size_t l = 0; l < levels_; ++l)
-      if (l != in_force_ && running > settings_.max_slowdown * fastest_[l] && (ahead == none || fastest_[l] < fastest_[ahead]))
+      if (l != in_force_ && running > factor * fastest_[l] && (ahead == none || fastest_[l] < fastest_[ahead]))
         ahead = l;
     return ahead;
   }
@@ -363,6 +378,7 @@ class ResidencyExplorer {
     block_step_ = 0;
     block_confirming_ = false;
     out_of_reach_pairs_ = 0;
+    risen_ = false;
     score_.restart(kind == Duel::recheck);  // a settled count is replaced on firmer evidence
   }
 
@@ -460,6 +476,15 @@ class ResidencyExplorer {
       rematch_ = std::exchange(rematch_next_, none);
       if (rematch_ != none && level_[rematch_] <= level_[incumbent_]) rematch_ = none;
       rematch_at_ = clock_;
+    }
+    if (risen_) {
+      // A re-check set off by the running count's rise that it loses makes the next one
+      // wait, twice as long after each, from `explore_every` up to `stale_after` steps:
+      // a machine whose every plan slows and speeds up in turn must not duel on each
+      // slow phase.
+      const std::int64_t every = settings_.explore_every, stale = settings_.stale_after;
+      rise_wait_ = won ? 0 : std::min(rise_wait_ == 0 ? every : 2 * rise_wait_, std::max(every, stale));
+      rise_at_ = clock_ + rise_wait_;
     }
     if (kind_ == Duel::recheck && won) {
       // The machine changed: the counts below the new one challenge it in turn, the
@@ -576,6 +601,9 @@ class ResidencyExplorer {
   bool block_confirming_ = false;             // its first block won: a second confirms
   std::array<std::array<double, 4>, 2> block_{};  // its compared steps: incumbent's, challenger's
   std::int64_t moved_at_ = -1000;             // the step the count last changed
+  bool risen_ = false;                        // this re-check was set off by the running count's rise
+  std::int64_t rise_at_ = 0;                  // the first step another such may start
+  std::int64_t rise_wait_ = 0;                // the wait after the last one, lost; 0 after one won
   std::uint32_t out_of_reach_pairs_ = 0;  // pairs of this duel the challenger ran out of reach
   std::array<double, 2> pair_{inf, inf};  // this pair's steps: incumbent, challenger
   detail::DuelScore score_;

@@ -216,12 +216,7 @@ struct ExploreSettings {
 ///   wait that doubles with each loss, from `explore_every` up to `stale_after` steps.
 /// The challenger's steps in a duel count as explored. A running candidate whose
 /// fastest recent step measures more than `max_slowdown` times slower than the best
-/// measured one is challenged at once by that one, whatever the waits. A running
-/// stride whose fastest recent step rose more than `close` above its fastest ever is
-/// challenged by all-CPU first, whatever all-CPU's wait (unless it lost the last such
-/// challenge), if all-CPU's fastest step beats it by the margin; once all-CPU has
-/// beaten such a stride, the other strides' steps from before set off no challenge
-/// (the streaming steps became slower: the link or the device slowed).
+/// measured one is challenged at once by that one, whatever the waits.
 class StrideExplorer {
  public:
   static constexpr std::size_t window = 5;         ///< measurements kept per candidate
@@ -245,8 +240,7 @@ class StrideExplorer {
     std::int64_t duel_at = 0;              ///< the step from which it may challenge again
     std::int64_t duel_wait = 0;            ///< the wait after its last lost duel
     bool dueled = false;                   ///< it has fought a duel, or has no playoff due
-    std::uint32_t fresh_from = 0;          ///< `kept` when its last duel began, or when all-CPU beat a stride whose steps rose
-    double lowest = std::numeric_limits<double>::infinity();  ///< its fastest step ever (scaled, if inherited)
+    std::uint32_t fresh_from = 0;          ///< `kept` when its last duel began
 
     /// @brief Median of the kept measurements (copying: the ring keeps its order).
     double median() const noexcept {
@@ -257,8 +251,7 @@ class StrideExplorer {
       return n % 2 == 1 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
     }
     /// @brief The fastest kept measurement since its last duel began (the older ones
-    ///        are what the duel was about), or since a later duel changed the running
-    ///        candidate (the machine changed): what it takes when the machine leaves it
+    ///        are what the duel was about): what it takes when the machine leaves it
     ///        alone, since a step is slowed, hardly ever sped up, by the machine's other
     ///        work. Infinite if there is none.
     double fastest() const noexcept {
@@ -321,7 +314,6 @@ class StrideExplorer {
     stale_after_ = s.stale_after;
     explore_every_ = s.explore_every;
     max_slowdown_ = s.max_slowdown;
-    close_ = s.close;
     std::uint32_t best = best_candidate();
     // A duel stops if either side no longer fits (the budget changed), and the
     // challenger loses it if its own steps put it out of reach.
@@ -374,7 +366,6 @@ class StrideExplorer {
     last_ran_ = k;
     last_seconds_ = t.measured_seconds;
     c.seconds[c.kept % window] = t.measured_seconds;
-    c.lowest = std::min(c.lowest, t.measured_seconds);
     ++c.kept;
     ++c.samples;
     c.last = clock_;
@@ -427,7 +418,6 @@ class StrideExplorer {
       std::array<double, window> kept{};
       for (std::uint32_t i = 0; i < n; ++i) kept[i] = scale * c.seconds[(c.kept - n + i) % window];
       c.seconds = kept;
-      c.lowest *= scale;
       c.kept = n;
       c.fresh_from = 0;
       c.last = n > 0 ? clock_ : -1;
@@ -441,7 +431,6 @@ class StrideExplorer {
     if (kept_own) {
       Record& c = records_[ran];
       c.seconds = mine.seconds;
-      c.lowest = *std::min_element(mine.seconds.begin(), mine.seconds.begin() + mine.kept);
       c.kept = c.samples = mine.kept;
       c.last = clock_;
       incumbent_ = ran;
@@ -601,19 +590,6 @@ class StrideExplorer {
         if (eligible(k) && records_[k].estimate() < lowest) lowest = records_[k].estimate(), challenger = k;
       if (challenger != none) return start_duel(challenger);
     }
-    if (const Record& in = records_[incumbent_];
-        incumbent_ != 0 && eligible(0) && (!rise_lost_ || clock_ >= records_[0].duel_at) &&
-        in.fastest() > (1 + close_) * in.lowest && records_[0].fastest() < (1 - duel_margin) * in.fastest()) {
-      // The running stride's steps rose by more than `close` over its fastest ever and
-      // all-CPU's fastest beats them: all-CPU challenges first, whatever its wait (the
-      // other strides' fastest steps may be from before the rise; see finish_duel),
-      // unless it lost the last such challenge. A phase of the machine that slows
-      // every plan sets it off once at most: the duel refreshes all-CPU's fastest
-      // step, which is then the phase's.
-      start_duel(0, /*confirm=*/true);
-      rising_ = true;
-      return;
-    }
     if (rematch_ == incumbent_) rematch_ = none;  // it won its place back meanwhile
     if (rematch_ != none && clock_ >= rematch_at_ && eligible(rematch_))  // else it stays due
       return start_duel(std::exchange(rematch_, none));
@@ -637,7 +613,6 @@ class StrideExplorer {
     last_ran_ = none;
     records_[k].dueled = true;
     records_[k].fresh_from = records_[k].kept;
-    rising_ = false;
   }
 
   // The duel's verdict: the challenger takes the incumbent's place if it @p won, and
@@ -650,32 +625,15 @@ class StrideExplorer {
     if (won) {
       settled_after_ = clock_;
       if (rematch_ == none) rematch_ = incumbent_, rematch_at_ = clock_ + explore_every_;
-      const std::uint32_t beaten = std::exchange(incumbent_, duel_);
-      Record& old = records_[beaten];
+      Record& old = records_[incumbent_];
       old.dueled = true;  // its return match stands for its playoff
       old.duel_at = clock_ + explore_every_;
+      incumbent_ = duel_;
       c.duel_wait = 0;
-      // All-CPU, whose steps the link and the device do not touch, beat a stride whose
-      // steps rose (its fastest in the duel over `close` above its fastest ever): the
-      // streaming steps became slower, so what the other strides measured before no
-      // longer sets off challenges. Each challenges again once a step of its own (a
-      // re-check when stale) beats all-CPU's. On the Zen 5 VM (run AB of
-      // bench_automatic, 2026-12-05, link 1, 64M) the strides 4-8 ran 0.85-0.95x
-      // all-CPU's time until step 64 and about 1.4x from there; all-CPU won its place
-      // back at step 78, and then the strides 6, 5, 8 and 4, their fastest steps from
-      // before the change, challenged it one after the other, four pairs each: 1.175x
-      // all-CPU's time over the late half. (After any win of all-CPU, the steps risen
-      // or not, this cut short the chains of duels that settle a noisy machine: on
-      // `slow_steps` of explorer_seeds, 6-7 runs of 2000 instead of 1 ended over 2%
-      // above the best.)
-      if (duel_ == 0 && old.fastest() > (1 + close_) * old.lowest)
-        for (std::size_t k = 1; k < records_.size(); ++k)
-          if (Record& other = records_[k]; k != beaten && other.dueled) other.fresh_from = other.kept;
     } else {
       c.duel_wait = std::min<std::int64_t>(std::max<std::int64_t>(2 * c.duel_wait, explore_every_), stale_after_);
       c.duel_at = clock_ + c.duel_wait;
     }
-    if (duel_ == 0) rise_lost_ = rising_ && !won;
     duel_ = none;
   }
 
@@ -697,9 +655,6 @@ class StrideExplorer {
   std::uint32_t stale_after_ = 0;   // the settings' stale_after, as of the last choice
   std::uint32_t explore_every_ = 1; // the settings' explore_every, as of the last choice
   double max_slowdown_ = 2;         // the settings' max_slowdown, as of the last choice
-  double close_ = 0.25;             // the settings' close, as of the last choice
-  bool rising_ = false;             // this duel is all-CPU's, set off by the running stride's rise
-  bool rise_lost_ = false;          // all-CPU lost its last duel, and that was one such
 };
 
 }  // namespace dos

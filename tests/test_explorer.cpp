@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -423,6 +424,18 @@ TEST_CASE("duels: a split verdict plays on to eight pairs; a clear one ends at f
     CHECK(play(no_clear_win, /*confirm=*/true).pairs == detail::DuelScore::confirm);
     CHECK(play(faster, /*confirm=*/true).pairs == detail::DuelScore::clear);  // a clear win needs no confirming
   }
+}
+
+TEST_CASE("duels: a loser's wait doubles from explore_every up to stale_after, and never falls below explore_every") {
+  // Both explorers wait this way after a lost challenge (the residency's after a lost
+  // rise re-check), so the walk is checked once here.
+  std::int64_t wait = 0;
+  std::vector<std::int64_t> walk;
+  for (int i = 0; i < 7; ++i) walk.push_back(wait = detail::doubled_wait(wait, 20, 200));
+  CHECK(walk == std::vector<std::int64_t>{20, 40, 80, 160, 200, 200, 200});
+  CHECK(detail::doubled_wait(0, 20, 5) == 20);    // a stale_after below explore_every
+  CHECK(detail::doubled_wait(40, 20, 5) == 20);
+  CHECK(detail::doubled_wait(0, 1, 1) == 1);
 }
 
 TEST_CASE("property: with one streaming step in five 1.2-1.4x slow, a 10% faster challenger wins 9 duels in 10 and an equal one hardly ever") {

@@ -34,6 +34,14 @@ constexpr void sort_first(std::array<double, N>& x, std::size_t n) noexcept {
     for (std::size_t j = i; j > 0 && x[j - 1] > x[j]; --j) std::swap(x[j - 1], x[j]);
 }
 
+/// The wait before a challenger that lost again may challenge again: twice the last,
+/// from @p first up to @p most steps (never below @p first, should @p most be less).
+/// A challenger that keeps losing thus costs ever fewer steps, while one whose time
+/// came is still heard within @p most.
+constexpr std::int64_t doubled_wait(std::int64_t last, std::int64_t first, std::int64_t most) noexcept {
+  return std::min(std::max(2 * last, first), std::max(first, most));
+}
+
 /// The largest stride worth a record: one past the subgroups streams what the last does.
 inline std::uint32_t candidates(std::uint32_t max_stride, std::size_t subgroups) {
   return static_cast<std::uint32_t>(std::min<std::size_t>(max_stride, subgroups));
@@ -631,7 +639,7 @@ class StrideExplorer {
       incumbent_ = duel_;
       c.duel_wait = 0;
     } else {
-      c.duel_wait = std::min<std::int64_t>(std::max<std::int64_t>(2 * c.duel_wait, explore_every_), stale_after_);
+      c.duel_wait = detail::doubled_wait(c.duel_wait, explore_every_, stale_after_);
       c.duel_at = clock_ + c.duel_wait;
     }
     duel_ = none;

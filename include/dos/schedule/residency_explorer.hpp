@@ -482,8 +482,7 @@ class ResidencyExplorer {
       // wait, twice as long after each, from `explore_every` up to `stale_after` steps:
       // a machine whose every plan slows and speeds up in turn must not duel on each
       // slow phase.
-      const std::int64_t every = settings_.explore_every, stale = settings_.stale_after;
-      rise_wait_ = won ? 0 : std::min(rise_wait_ == 0 ? every : 2 * rise_wait_, std::max(every, stale));
+      rise_wait_ = won ? 0 : detail::doubled_wait(rise_wait_, settings_.explore_every, settings_.stale_after);
       rise_at_ = clock_ + rise_wait_;
     }
     if (kind_ == Duel::recheck && won) {

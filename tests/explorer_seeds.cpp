@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
   fmt::print("{:<12} {:>6} {:>9} {:>8} {:>8} {:>18} {:>15} {:>24}\n", "machine", "seeds", "over 2%", "mean", "worst",
              "settled p50/p95/max", "settled after 40", "late astray: runs/steps");
   for (const Machine m : {Machine{"two_level", two_level, 600}, Machine{"slow_steps", slow_steps, 400},
-                         Machine{"heavy_tail", heavy_tail, 600}}) {
+                         Machine{"heavy_tail", heavy_tail, 600}, Machine{"streaming_120", streaming_noise, 120},
+                         Machine{"streaming_600", streaming_noise, 600}}) {
     long over = 0, astray_steps = 0, astray_runs = 0;
     std::vector<int> settle;
     double sum = 0, worst = 0;

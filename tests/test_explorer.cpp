@@ -185,6 +185,32 @@ TEST_CASE("inherit: another residency's strides, scaled, as though swept now") {
   CHECK(past.running() == from.running());
 }
 
+TEST_CASE("inherit: a wrong scale shows in the first inherited stride's duel, and the others' inherited steps challenge no more") {
+  // The other residency's all-CPU steps ran 2x what they take here, so the scale
+  // (all-CPU's own steps here over its steps there) halves every inherited stride:
+  // each looks 20-45% faster than all-CPU, and each is truly 10-60% slower. On
+  // zen5_none_first (explorer_seeds) such strides challenged one after another, four
+  // pairs each, into the late half. The first one's duel steps rose 2x over the
+  // inherited step that set it off, while all-CPU's stayed: the scale was wrong for
+  // streaming, and the other strides' inherited steps set off nothing more.
+  const std::vector<double> truth{1.0, 1.6, 1.5, 1.4, 1.3, 1.25, 1.2, 1.15, 1.1};
+  std::vector<double> there = truth;
+  there[0] = 2.0;
+  const Run r = drive(AutomaticStride{}, fixed(truth, there), 100);
+  const StrideExplorer& from = r.policy.target<AutomaticStride>()->explorer;
+  REQUIRE(from.records()[0].kept >= StrideExplorer::min_samples);
+  AutomaticStride here;
+  const std::vector<double> own(StrideExplorer::window, 1.0);
+  here.explorer.inherit(from, 1.0, 0, own);
+  REQUIRE(here.explorer.records()[8].median() < 0.99 * 1.0);  // it looks faster than all-CPU
+  const Run after = drive(here, fixed(truth, truth), 150);
+  const auto streamed = std::count_if(after.k.begin(), after.k.end(), [](std::uint32_t k) { return k != 0; });
+  CHECK(streamed >= 1);  // one challenge, the fastest-looking stride's
+  CHECK(streamed <= static_cast<long>(detail::DuelScore::confirm));
+  CHECK(after.mean(75, 150) <= 1.02 * truth[0]);
+  CHECK(after.reckless == 0);
+}
+
 TEST_CASE("property: whatever the model's errors, the settled policy costs at most 2% over the best and over all-CPU") {
   test::Rng rng(11);
   for (int trial = 0; trial < 200; ++trial) {

@@ -205,8 +205,12 @@ TEST_CASE("inherit: a wrong scale shows in the first inherited stride's duel, an
   REQUIRE(here.explorer.records()[8].median() < 0.99 * 1.0);  // it looks faster than all-CPU
   const Run after = drive(here, fixed(truth, truth), 150);
   const auto streamed = std::count_if(after.k.begin(), after.k.end(), [](std::uint32_t k) { return k != 0; });
-  CHECK(streamed >= 1);  // one challenge, the fastest-looking stride's
+  CHECK(streamed >= 1);  // one duel, the fastest-looking stride's
   CHECK(streamed <= static_cast<long>(detail::DuelScore::confirm));
+  // The others are discredited: no longer the best measured, nor counted in the reach.
+  const auto& records = after.policy.target<AutomaticStride>()->explorer.records();
+  const auto discredited = std::count_if(records.begin(), records.end(), [](const StrideExplorer::Record& c) { return c.discredited; });
+  CHECK(discredited == static_cast<long>(records.size()) - 2);  // all but all-CPU and the stride that dueled
   CHECK(after.mean(75, 150) <= 1.02 * truth[0]);
   CHECK(after.reckless == 0);
 }

@@ -200,14 +200,15 @@ inline Noisy heavy_tail(std::uint64_t seed, int steps) {
   return noisy(truth, predicted, heavy_tail_factors(seed, steps), 0);
 }
 
-// The Zen 5 VM's noise as bench_automatic's traces show it (run AB, docs/policy-runs.md):
-// noisier streaming steps than all-CPU ones. Against the same plan's fixed contender in
-// the same round, about one streaming step in six read over 1.15x, one all-CPU step in
-// fifty; a stride run every other step (as in a duel) read no slower, by the median,
-// than run every step. Here all-CPU's steps are +-2% apart and one in a hundred
-// 1.15-1.3x slow; each streaming step +-5%, and one in six 1.15-1.6x slow. The times
-// are 0.6/16M run 2's: k = 8 at 0.89 of all-CPU, k = 6 and 7 3-5% behind it, the model
-// promising the strides a little faster than they are.
+// The Zen 5 VM's noise as bench_automatic's traces show it (runs AB and AC,
+// docs/policy-runs.md): noisier streaming steps than all-CPU ones. Against the same
+// plan's fixed contender in the same round, 14% of the streaming steps read over 1.15x,
+// 0.7% of all-CPU's; a stride run every other step (as in a duel) read no slower, by
+// the median, than run every step (docs/design.md, "Streaming steps are the noisy
+// ones"). Here all-CPU's steps are +-2% apart and one in a hundred 1.15-1.3x slow; each
+// streaming step +-5%, and one in six 1.15-1.6x slow. The times are run AB's 0.6/16M
+// run 2's late medians: k = 8 at 0.89 of all-CPU, k = 6 and 7 at 1.03 and 1.05, the
+// model promising the strides a little faster than they are.
 inline Noisy streaming_noise(std::uint64_t seed, int steps) {
   static const std::vector<double> truth{1.0, 4.7, 2.5, 1.9, 1.35, 1.33, 1.03, 1.05, 0.89};
   static const std::vector<double> predicted{1.0, 4.0, 2.2, 1.7, 1.2, 1.2, 0.95, 0.95, 0.85};

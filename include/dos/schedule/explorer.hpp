@@ -257,8 +257,12 @@ class StrideExplorer {
     std::int64_t duel_wait = 0;            ///< the wait after its last lost duel
     bool dueled = false;                   ///< it has fought a duel, or has no playoff due
     std::uint32_t fresh_from = 0;          ///< `kept` when its last duel began
-    double fastest_ever = std::numeric_limits<double>::infinity();  ///< its fastest step (inherited: scaled)
+    double fastest_ever = std::numeric_limits<double>::infinity();  ///< its fastest step measured here (not inherited)
     std::uint32_t inherited = 0;           ///< how many of the first `kept` were inherited (`inherit`)
+    bool discredited = false;              ///< its inherited steps were shown wrong (see `inherit`)
+
+    /// @brief Whether every kept step was inherited: none measured here yet.
+    bool all_inherited() const noexcept { return inherited > 0 && kept == inherited; }
 
     /// @brief Median of the kept measurements (copying: the ring keeps its order).
     double median() const noexcept {
@@ -386,6 +390,7 @@ class StrideExplorer {
     last_seconds_ = t.measured_seconds;
     c.seconds[c.kept % window] = t.measured_seconds;
     c.fastest_ever = std::min(c.fastest_ever, t.measured_seconds);
+    c.discredited = false;
     ++c.kept;
     ++c.samples;
     c.last = clock_;
@@ -411,11 +416,14 @@ class StrideExplorer {
   /// match, fell in the half of the run the bench measures. What is inherited goes
   /// stale and is re-checked as measured candidates are; if this residency has more or
   /// fewer candidates (more or fewer streamable subgroups), its first choice keeps the
-  /// strides both have and sweeps the new ones. A stride that challenges on inherited
-  /// steps and loses with its duel steps more than `close` slower than those (beyond
-  /// what the incumbent's rose) shows the scale was wrong for streaming here: the other
-  /// strides' inherited steps set off no challenge after that (on the scripted
-  /// `zen5_none_first`, 120 steps: 82 seeds of 2000 over 5% before, 10 after).
+  /// strides both have and sweeps the new ones. A stride that duels (a playoff or a
+  /// challenge) on inherited steps and loses with its fastest duel step more than
+  /// `close` slower than the inherited one that set the duel off (beyond what the
+  /// incumbent's rose over its fastest step measured here) shows the scale was wrong
+  /// for streaming here: the other strides still on inherited steps alone are then
+  /// *discredited*, and set off no playoff or challenge, nor count towards the reach,
+  /// until a re-check measures them here (docs/design.md, "A wrong scale, found in
+  /// one duel"). A residency that inherits from this one judges them afresh.
   void inherit(const StrideExplorer& from, double scale, std::uint32_t ran = ~0u, std::span<const double> own = {}) {
     if (from.incumbent_ >= from.records_.size() || !(scale > 0 && std::isfinite(scale))) return;  // nothing to take
     // What this residency measured itself is better evidence than what is scaled: a
@@ -443,9 +451,10 @@ class StrideExplorer {
       for (std::uint32_t i = 0; i < n; ++i) kept[i] = scale * c.seconds[(c.kept - n + i) % window];
       c.seconds = kept;
       c.kept = n;
-      c.fastest_ever = n > 0 ? *std::min_element(kept.begin(), kept.begin() + n) : std::numeric_limits<double>::infinity();
+      c.fastest_ever = std::numeric_limits<double>::infinity();  // nothing measured here yet
       c.fresh_from = 0;
       c.inherited = n;
+      c.discredited = false;  // judged afresh under this scale
       c.last = n > 0 ? clock_ : -1;
       c.recheck_at = -1;
       c.backoff = c.duel_wait = 0;
@@ -459,7 +468,7 @@ class StrideExplorer {
       c.seconds = mine.seconds;
       c.kept = c.samples = mine.kept;
       c.inherited = 0;
-      c.fastest_ever = *std::min_element(mine.seconds.begin(), mine.seconds.begin() + mine.kept);
+      c.fastest_ever = *std::min_element(mine.seconds.begin(), mine.seconds.begin() + mine.kept);  // kept >= 1
       c.last = clock_;
       incumbent_ = ran;
     }
@@ -517,7 +526,7 @@ class StrideExplorer {
   double measured_best() const noexcept {
     double best = std::numeric_limits<double>::infinity();
     for (const Record& c : records_)
-      if (c.feasible && c.kept > 0) best = std::min(best, c.estimate());
+      if (c.feasible && c.kept > 0 && !c.discredited) best = std::min(best, c.estimate());
     return best;
   }
 
@@ -615,7 +624,8 @@ class StrideExplorer {
       // measured before, while what it takes when left alone has not changed.
       double lowest = std::numeric_limits<double>::infinity();
       for (std::uint32_t k = 0; k < records_.size(); ++k)
-        if (eligible(k) && records_[k].estimate() < lowest) lowest = records_[k].estimate(), challenger = k;
+        if (eligible(k) && !records_[k].discredited && records_[k].estimate() < lowest)
+          lowest = records_[k].estimate(), challenger = k;
       if (challenger != none) return start_duel(challenger);
     }
     if (rematch_ == incumbent_) rematch_ = none;  // it won its place back meanwhile
@@ -638,7 +648,7 @@ class StrideExplorer {
   void start_duel(std::uint32_t k, bool confirm = false) {
     duel_ = k;
     duel_from_ = records_[k].fastest();
-    duel_on_inherited_ = records_[k].kept == records_[k].inherited;
+    duel_on_inherited_ = records_[k].all_inherited();
     score_.restart(confirm);
     last_ran_ = none;
     records_[k].dueled = true;
@@ -663,18 +673,18 @@ class StrideExplorer {
     } else {
       c.duel_wait = detail::doubled_wait(c.duel_wait, explore_every_, stale_after_);
       c.duel_at = clock_ + c.duel_wait;
-      // A stride that challenged on inherited steps (scaled from another residency)
-      // and whose duel steps rose more than `close` over them, beyond what the
-      // incumbent's rose over its fastest ever, shows that the scale was wrong for
-      // streaming here: the other strides' inherited steps set off no challenge; their
-      // re-checks measure them anew. (A phase of the machine that slows every plan
-      // raises both sides alike, and changes nothing here.)
-      const double challenger_rose = c.fastest() / duel_from_;
+      // A stride that dueled on inherited steps and lost by far: the scale was wrong
+      // for streaming here (see `inherit`). Its fastest duel step is compared with the
+      // inherited one that set the duel off, the incumbent's with its fastest step
+      // measured here: a phase of the machine that slows every plan raises both alike.
+      const double challenger_rose = score_.fastest(1) / duel_from_;
       const double incumbent_rose = score_.fastest(0) / records_[incumbent_].fastest_ever;
-      if (duel_ != 0 && duel_on_inherited_ && challenger_rose > (1 + close_) * incumbent_rose)
+      if (duel_ != 0 && duel_on_inherited_ && score_.pairs > 0 && challenger_rose > (1 + close_) * incumbent_rose)
         for (std::uint32_t k = 1; k < records_.size(); ++k)
-          if (Record& other = records_[k]; k != incumbent_ && k != duel_ && other.kept == other.inherited)
-            other.fresh_from = other.kept;
+          if (Record& other = records_[k]; k != incumbent_ && k != duel_ && other.all_inherited()) {
+            other.fresh_from = other.kept;  // no challenge or playoff on them
+            other.discredited = true;       // nor a place in the reach, or a forced challenge
+          }
     }
     duel_ = none;
   }

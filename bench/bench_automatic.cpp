@@ -162,15 +162,13 @@ double median(std::vector<double> v) {
 }
 
 // The median of a contender's steps in the last half (the automatic policies settle in
-// the first half).
-double late_median(const Contender& c) {
-  return median(std::vector<double>(c.seconds.begin() + static_cast<std::ptrdiff_t>(c.seconds.size() / 2), c.seconds.end()));
+// the first half), or in the first.
+double half_median(const Contender& c, bool late = true) {
+  const auto half = c.seconds.begin() + static_cast<std::ptrdiff_t>(c.seconds.size() / 2);
+  return late ? median(std::vector<double>(half, c.seconds.end())) : median(std::vector<double>(c.seconds.begin(), half));
 }
-
-// The median of its steps in the first half.
-double early_median(const Contender& c) {
-  return median(std::vector<double>(c.seconds.begin(), c.seconds.begin() + static_cast<std::ptrdiff_t>(c.seconds.size() / 2)));
-}
+double late_median(const Contender& c) { return half_median(c); }
+double early_median(const Contender& c) { return half_median(c, false); }
 
 // The median, over the last half of the steps, of a's time over b's in the same round:
 // the machine's bandwidth moves from minute to minute, and one slow step would weigh

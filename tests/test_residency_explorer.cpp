@@ -269,11 +269,11 @@ TEST_CASE("the count above the winner lost its duel in a slow phase: it has a re
   CHECK(longest_four == 6);
 }
 
-TEST_CASE("no residents wins the opening: the count that beats it next takes r*'s strides through both duels") {
+TEST_CASE("no residents wins the opening: the count that beats it next takes r*'s strides through no residents") {
   // The model's 6 runs 6% slower than all-CPU, 3 is the best; streaming costs 50%.
-  // No residents, having run all-CPU, has no strides to lend; 3 takes 6's, scaled by
-  // 3's time over no residents' and no residents' over 6's, and sweeps none of them
-  // (the code before this swept all nine again over 3, eight steps at 1.5x).
+  // No residents takes 6's strides, scaled on k = 0 by its own duel steps; 3 takes
+  // them from it, scaled by 3's time over no residents', and sweeps none of them (the
+  // code of 2026-12-03 swept all nine again over 3, eight steps at 1.5x).
   const std::vector<double> truth{1.0, 0.96, 0.91, 0.85, 0.88, 0.97, 1.06, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1};
   const ResidentScenario sc{zen5_link06().predicted, [&](std::size_t r, std::uint32_t k, int) { return with_stride(truth[r], k); }};
   const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 300);
@@ -287,6 +287,29 @@ TEST_CASE("no residents wins the opening: the count that beats it next takes r*'
   CHECK(e.strides().running() == 0u);
   CHECK(e.strides().records()[8].estimate() == doctest::Approx(1.5 * truth[3]).epsilon(0.02));
   CHECK(run.mean(150, 300) <= 1.02 * truth[3]);
+}
+
+TEST_CASE("no residents wins the opening: it takes r*'s strides, plays off the near ones, and sweeps none") {
+  // Each resident costs 3%. Streaming at k = 8 costs 10% over the model's 6 but saves
+  // 10% over none, the CPU's share of the step being larger there; the other strides
+  // cost 50% everywhere. No residents beats 6 at all-CPU and takes 6's strides,
+  // scaled on k = 0 by its own duel steps (the stride it ran). That scale says nothing
+  // of streaming, so k = 8, within `close` of k = 0 on 6's steps, is played off as
+  // after a sweep, and wins; the strides 6's sweep found 50% slower are not run again.
+  const auto stride = [](std::size_t r, std::uint32_t k) { return k == 0 ? 1.0 : k < 8 ? 1.5 : r == 0 ? 0.9 : 1.1; };
+  const auto truth = [&](std::size_t r, std::uint32_t k) { return (1 + 0.03 * static_cast<double>(r)) * stride(r, k); };
+  const ResidentScenario sc{zen5_link06().predicted, [&](std::size_t r, std::uint32_t k, int) { return truth(r, k); }};
+  const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 120);
+  const auto first_move = std::find_if(run.residents.begin(), run.residents.end(), [](std::size_t r) { return r != 6; });
+  REQUIRE(first_move != run.residents.end());
+  CHECK(*first_move == 0);  // the opening: 6 against none
+  const ResidencyExplorer& e = explorer_of(run);
+  CHECK(e.chosen() == 0);
+  CHECK(e.strides().running() == 8u);
+  int swept_again = 0;
+  for (std::size_t i = 0; i < run.k.size(); ++i) swept_again += run.residents[i] == 0 && run.k[i] > 0 && run.k[i] < 8;
+  CHECK(swept_again == 0);
+  CHECK(run.mean(60, 120) <= 1.02 * truth(0, 8));
 }
 
 TEST_CASE("the machine changes: a re-check finds that residents now slow the step, and the counts below follow") {

@@ -407,7 +407,10 @@ class StrideExplorer {
   ///        the stride this residency ran in the duel it won and @p own that duel's
   ///        steps: that stride keeps them instead, runs first, and, where @p from
   ///        measured it `min_samples` times, sets the scale (own median over @p from's).
-  ///        A @p ran past @p from's strides is ignored.
+  ///        A @p ran past @p from's strides is ignored. With @p play_off_near, the
+  ///        playoffs are drawn as after a sweep (every stride within `close`), not
+  ///        only for those that look faster: for a scale lined up on all-CPU's steps,
+  ///        which says nothing of what streaming costs here.
   ///
   /// A resident count that wins its place starts from what the counts before it
   /// measured, scaled by how it compared with them, instead of sweeping the strides
@@ -424,7 +427,8 @@ class StrideExplorer {
   /// *discredited*, and set off no playoff or challenge, nor count towards the reach,
   /// until a re-check measures them here (docs/design.md, "A wrong scale, found in
   /// one duel"). A residency that inherits from this one judges them afresh.
-  void inherit(const StrideExplorer& from, double scale, std::uint32_t ran = ~0u, std::span<const double> own = {}) {
+  void inherit(const StrideExplorer& from, double scale, std::uint32_t ran = ~0u, std::span<const double> own = {},
+               bool play_off_near = false) {
     if (from.incumbent_ >= from.records_.size() || !(scale > 0 && std::isfinite(scale))) return;  // nothing to take
     // What this residency measured itself is better evidence than what is scaled: a
     // duel won at k = 0, after no residents had beaten r* at all-CPU, must not leave
@@ -481,6 +485,7 @@ class StrideExplorer {
     playoffs_drawn_ = false;
     sweep_end_ = clock_ - 1;
     inherited_ = true;
+    play_off_near_ = play_off_near;
   }
 
   /// @brief Whether the first sweep is over (or the records were inherited) and no duel
@@ -602,10 +607,14 @@ class StrideExplorer {
   // strides r*'s sweep found within `close` of k = 0 ran 1.3-1.4x k = 0's time over
   // the count that inherited them, and their playoffs (4-12 steps after step 60 in
   // 9 of 20 runs, at links 0.6-2) weighed on the late half as much as a wrong count.
+  // But where the scale was lined up on all-CPU's steps (`play_off_near_`: no
+  // residents, which streamed nothing in its duel), nothing says whether streaming
+  // costs more or less here than where it was measured, and the near strides are
+  // played off as after a sweep.
   void draw_playoffs(const ExploreSettings& s) {
     playoffs_drawn_ = true;
     const double incumbent_fastest = records_[incumbent_].fastest();
-    const double bar = inherited_ ? 1 - duel_margin : 1 + s.close;
+    const double bar = inherited_ && !play_off_near_ ? 1 - duel_margin : 1 + s.close;
     for (std::size_t k = 0; k < records_.size(); ++k) {
       Record& c = records_[k];
       c.dueled = !(c.kept > 0 && (k == 0 || c.fastest() <= bar * incumbent_fastest));
@@ -694,6 +703,7 @@ class StrideExplorer {
   detail::DuelScore score_;            // the duel's steps so far
   bool playoffs_drawn_ = false;        // who meets the incumbent after the sweep is decided
   bool inherited_ = false;             // the records are another residency's (inherit)
+  bool play_off_near_ = false;         // and all near the incumbent get a playoff (inherit)
   std::int64_t sweep_from_ = 0;        // the step the records last started afresh
   std::int64_t sweep_end_ = 0;         // the last step of the sweep
   std::uint32_t rematch_ = none;       // the incumbent that lost its place in a duel

@@ -43,10 +43,8 @@ namespace dos {
 /// update). A count that wins its place with no strides of its own takes those of the
 /// count it beat, scaled by the duel's ratio (`StrideExplorer::inherit`), plays off
 /// all-CPU and those that look faster than the one it runs, and re-checks them as they
-/// go stale. No residents, having run
-/// all-CPU, takes none and sweeps its own; until it has, its challengers run and take
-/// the strides of the count it beat, scaled through both duels (they stream nothing in
-/// them, as it does). Smaller counts than
+/// go stale. No residents takes them too, its duel steps kept for k = 0 (the stride it
+/// ran) and lining up the scale there. Smaller counts than
 /// r*/4 are not compared: on 16 subgroups each would move the step by a few percent at
 /// most, within what a duel on a shared machine can tell apart.
 ///
@@ -255,11 +253,9 @@ class ResidencyExplorer {
   static constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
   static constexpr double inf = std::numeric_limits<double>::infinity();
   enum class Duel { search, return_match, recheck };
-  // Strides lent: whose, the factor from their step times to the incumbent's, and the
-  // stride the borrower runs in its duel.
+  // Strides lent: whose, and the stride the borrower runs in its duel.
   struct Loan {
     std::size_t from = none;
-    double scale = 0;
     std::uint32_t stride = 0;
   };
 
@@ -294,7 +290,6 @@ class ResidencyExplorer {
     fastest_.fill(inf);
     lost_to_.fill(none);
     lost_by_.fill(inf);
-    beaten_ = {};
     rise_at_ = rise_wait_ = 0;
     rematch_ = rematch_next_ = none;
     searching_ = dueling_ = sweeping_ = false;
@@ -346,21 +341,15 @@ class ResidencyExplorer {
     return ahead;
   }
 
-  // Whose strides count l takes if it wins a duel while it has none of its own, the
-  // factor from their step times to the incumbent's, and the stride l runs meanwhile.
-  // The incumbent's, at its running stride, so that both sides differ in the residents
-  // alone. While the incumbent has none either (no residents, having beaten r* at
-  // all-CPU), those of the count it beat, at the ratio it beat it by, and l streams
-  // nothing, as the incumbent: the scale then maps that count's steps, as it ran them,
-  // to l's, as l ran them. (Where the lender measured the stride l ran often enough,
-  // `StrideExplorer::inherit` lines the two up on that stride instead.) None for no
-  // residents, which streams nothing then (the all-CPU update, what the policy must
-  // never be slower than) and, if it wins, sweeps its own.
+  // Whose strides count l takes if it wins a duel while it has none of its own, and
+  // the stride l runs meanwhile: the incumbent's, at its running stride, so that both
+  // sides differ in the residents alone; but no residents streams nothing (the all-CPU
+  // update, what the policy must never be slower than). None while the incumbent has
+  // no strides either.
   std::optional<Loan> lender(std::size_t l) const {
-    if (level_[l] == 0) return std::nullopt;
-    if (const std::optional<std::uint32_t> k = explorers_[incumbent_].running()) return Loan{incumbent_, 1, *k};
-    if (level_[incumbent_] == 0 && beaten_.from != none && explorers_[beaten_.from].running()) return beaten_;
-    return std::nullopt;
+    const std::optional<std::uint32_t> k = explorers_[incumbent_].running();
+    if (!k) return std::nullopt;
+    return Loan{incumbent_, level_[l] == 0 ? 0u : *k};
   }
 
   std::optional<std::uint32_t> borrowed_stride(std::size_t l) const {
@@ -450,20 +439,20 @@ class ResidencyExplorer {
       recheck_at_[c] = -1;
       // A count with no strides of its own (nor inherited) ran a borrowed stride in the
       // duel: it takes the strides of their lender, scaled by how it ran against the
-      // incumbent and the incumbent against the lender, rather than sweeping them
-      // again. No residents, which ran all-CPU, lends on those of the count it beat
-      // until it has strides of its own: on the Zen 5 VM at link 0.6 it won the opening in
-      // three runs of three, and the count that then beat it swept every stride anew.
-      if (level_[c] == 0) beaten_ = {};
-      if (!explorers_[c].running()) {
+      // incumbent, rather than sweeping them again, and keeps its duel steps for the
+      // stride it ran. No residents too, which ran all-CPU: its steps line up the
+      // scale on k = 0 (`StrideExplorer::inherit`), which says nothing of streaming,
+      // so the strides near k = 0 are played off as after a sweep. A sweep of its own
+      // would fall after r*'s and the opening, at steps 35-60 of a 120-step run, and
+      // measure all-CPU once more, in one step that may be a slow one (docs/design.md,
+      // "No residents takes the strides too").
+      if (!explorers_[c].running())
         if (const std::optional<Loan> loan = lender(c))
           // (Its steps are filed under the stride its own subgroups streamed: with
           // fewer streamable than the lender's stride, the last.)
-          explorers_[c].inherit(explorers_[loan->from], ratio * loan->scale,
+          explorers_[c].inherit(explorers_[loan->from], ratio,
                                 std::min(loan->stride, detail::candidates(max_stride_, subgroups_ - level_[c])),
-                                {score_.times[1].data(), score_.pairs});
-        else if (level_[c] == 0 && explorers_[incumbent_].running()) beaten_ = {incumbent_, ratio, 0};
-      }
+                                {score_.times[1].data(), score_.pairs}, level_[c] == 0);
       incumbent_ = c;
       settled_after_ = clock_;
     }
@@ -579,7 +568,6 @@ class ResidencyExplorer {
   std::array<double, max_levels> fastest_ = filled(inf);  // per count: its fastest step in its last duel
   std::array<std::size_t, max_levels> lost_to_ = filled(none);  // per count: whom it lost its last duel to
   std::array<double, max_levels> lost_by_ = filled(inf);        // and its median ratio over the winner's
-  Loan beaten_{};  // what no residents beat at all-CPU: the count (with strides), by its ratio; only it lends so
   std::size_t subgroups_ = 0;
   std::size_t in_force_ = 0;   // the count the last choice saw
   std::size_t want_ = 0;       // the count asked for from the next step

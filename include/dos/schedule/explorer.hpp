@@ -223,7 +223,8 @@ struct ExploreSettings {
 ///   and for the candidates whose fastest step came within `close` of the
 ///   incumbent's (the sweep's few steps of a candidate may all have been slow ones),
 ///   or, over inherited records (`inherit`), beat it by the margin (they were scaled
-///   from another residency, where streaming cost otherwise);
+///   from another residency, where streaming cost otherwise; within `close` again
+///   where `inherit` was asked to play off the near ones);
 ///   fastest first (all-CPU first instead delayed settling on noisy machines);
 /// - *challenges*, by a candidate whose fastest kept step (a re-check refreshes it)
 ///   beat the incumbent's by more than the margin, all-CPU first (it is what the

@@ -333,12 +333,14 @@ struct NoisyResidents {
   double late_against = 0;
 };
 
-// A machine of `count` (each resident count's step over all-CPU's) and `stride` (each
-// k's over k = 0's), by seed, where the model chooses 6 residents and promises that
+// What streaming at k costs over k = 0's step on the resident machines below.
+inline const std::vector<double> resident_stride{1.0, 4.2, 2.4, 1.9, 1.5, 1.5, 1.25, 1.22, 1.05};
+
+// A machine of `count` (each resident count's step over all-CPU's) and
+// `resident_stride`, by seed, where the model chooses 6 residents and promises that
 // streaming pays at k = 6-8; `best` is the fastest count (at k = 0).
 inline NoisyResidents resident_machine(std::uint64_t seed, int steps, double pull, const std::vector<double>& count,
                                        std::size_t best) {
-  static const std::vector<double> stride{1.0, 4.2, 2.4, 1.9, 1.5, 1.5, 1.25, 1.22, 1.05};
   static const std::vector<double> promised{1.0, 3.0, 1.6, 1.3, 1.1, 1.05, 0.98, 0.96, 0.95};
   const std::vector<double> factor = heavy_tail_factors(seed, steps);
   const auto model = [](std::size_t r, std::uint32_t k) {
@@ -347,7 +349,7 @@ inline NoisyResidents resident_machine(std::uint64_t seed, int steps, double pul
   };
   NoisyResidents n{{model,
                     [factor, count](std::size_t r, std::uint32_t k, int step) {
-                      return count[std::min<std::size_t>(r, count.size() - 1)] * stride[std::min<std::size_t>(k, 8)] *
+                      return count[std::min<std::size_t>(r, count.size() - 1)] * resident_stride[std::min<std::size_t>(k, 8)] *
                              factor[static_cast<std::size_t>(step)];
                     }},
                    best, 0};
@@ -414,7 +416,6 @@ inline NoisyResidents zen5_mode_change(std::uint64_t seed, int steps, double pul
 // steps in phases); `heavy_tail`'s noise on every step. `against` is the count best
 // over the late half (no residents, but for a seed whose late half is mostly phases).
 inline NoisyResidents zen5_device_phases(std::uint64_t seed, int steps, double pull = 0) {
-  static const std::vector<double> stride{1.0, 4.2, 2.4, 1.9, 1.5, 1.5, 1.25, 1.22, 1.05};
   NoisyResidents n = zen5_residents(seed, steps, pull);  // its model and noise
   Rng rng(seed ^ 0x5eedULL);  // a stream of its own, so that the noise is zen5_residents'
   std::vector<bool> phase(static_cast<std::size_t>(steps), false);
@@ -427,7 +428,7 @@ inline NoisyResidents zen5_device_phases(std::uint64_t seed, int steps, double p
   n.scenario.truth = [factor, phase](std::size_t r, std::uint32_t k, int step) {
     const auto i = static_cast<std::size_t>(step);
     const double residents = static_cast<double>(std::min<std::size_t>(r, 16));
-    const double s = stride[std::min<std::size_t>(k, 8)];
+    const double s = resident_stride[std::min<std::size_t>(k, 8)];
     return factor[i] * (phase[i] ? (1 - 0.015 * residents) * (k == 0 ? 1 : 0.93 * s) : (1 + 0.03 * residents) * s);
   };
   measure_against_best(n, steps);

@@ -148,7 +148,8 @@ TEST_CASE("inherit: another residency's strides, scaled, as though swept now") {
   e.inherit(from, std::numeric_limits<double>::quiet_NaN());
   CHECK_FALSE(e.running());
   e.inherit(from, 0.5);
-  CHECK(e.swept());
+  // Not swept before it chooses over them: its residency may have strides to add.
+  CHECK_FALSE(e.swept());
   CHECK(e.running() == from.running());
   REQUIRE(e.records().size() == from.records().size());
   for (std::size_t k = 0; k < from.records().size(); ++k) {

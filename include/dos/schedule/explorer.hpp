@@ -312,6 +312,7 @@ class StrideExplorer {
                 Plan& scratch, const ExploreSettings& s) {
     // Strides past the streamable subgroups stream the same single subgroup as the last.
     const auto last = static_cast<std::uint32_t>(std::min<std::size_t>(max_stride, streamable(residency)));
+    if (sweep_end_ == unchosen) sweep_end_ = clock_ - 1;  // the first choice since inheriting
     if (inherited_ && records_.size() != std::size_t{last} + 1) {
       // Inherited from a residency with more or fewer streamable subgroups: the strides
       // both have keep what was inherited; any new ones are swept.
@@ -376,8 +377,12 @@ class StrideExplorer {
   }
 
   /// @brief Records the measured time of a step that ran one of these candidates.
-  void observe(const StepTimeline& t) {
+  ///        @p chosen: whether this explorer chose the step (not so for a resident
+  ///        count's steps in a duel of counts, `ResidencyExplorer`): one it did not
+  ///        could not explore, and does not count towards the sweep's steps.
+  void observe(const StepTimeline& t, bool chosen = true) {
     ++clock_;
+    if (!chosen && clock_ <= sweep_end_ && sweep_end_ != unchosen) ++sweep_end_;
     // A plan that streamed nothing is the all-CPU candidate, whatever was asked of it.
     const bool streamed = std::find(t.plan.placement.begin(), t.plan.placement.end(), Place::device) != t.plan.placement.end();
     const std::uint32_t k = streamed ? t.plan.stride : 0;
@@ -484,18 +489,27 @@ class StrideExplorer {
     // Only all-CPU and the strides that look faster than the incumbent get one
     // (draw_playoffs).
     playoffs_drawn_ = false;
-    sweep_end_ = clock_ - 1;
+    // No sweep until it chooses: it may not before its count's duels end, and a step it
+    // did not choose must not end a sweep it could not run (on a scripted machine,
+    // two return matches in blocks right after a count won its place at the end of the
+    // search ran out the sweep of the strides its fewer residents added, and two of
+    // them were never measured: docs/design.md, "The fixed share's count, and the
+    // strides a winner adds").
+    sweep_end_ = unchosen;
     inherited_ = true;
     play_off_near_ = play_off_near;
   }
 
-  /// @brief Whether the first sweep is over (or the records were inherited) and no duel
-  ///        is under way: as many steps run as there are candidates, and none of the
-  ///        last two explored to settle. (Playoffs and re-checks may follow; the choice
+  /// @brief Whether the first sweep is over and no duel is under way: as many steps
+  ///        run as there are candidates (or, for inherited records, one chosen over
+  ///        them, which sweeps the strides its residency adds), and none of the last
+  ///        two explored to settle. (Playoffs and re-checks may follow; the choice
   ///        is the best measured so far.)
   bool swept() const noexcept {
-    return duel_ == none && incumbent_ < records_.size() &&
-           (inherited_ || (clock_ >= settled_after_ + 2 && clock_ - sweep_from_ >= static_cast<std::int64_t>(records_.size())));
+    // Inherited records: once chosen over (new strides, past those inherited, are swept
+    // then), and none of the last two steps explored to settle.
+    return duel_ == none && incumbent_ < records_.size() && clock_ >= settled_after_ + 2 &&
+           (inherited_ ? sweep_end_ != unchosen : clock_ - sweep_from_ >= static_cast<std::int64_t>(records_.size()));
   }
 
   /// @brief Every candidate, indexed by k, as of the last choice.
@@ -706,7 +720,8 @@ class StrideExplorer {
   bool inherited_ = false;             // the records are another residency's (inherit)
   bool play_off_near_ = false;         // and all near the incumbent get a playoff (inherit)
   std::int64_t sweep_from_ = 0;        // the step the records last started afresh
-  std::int64_t sweep_end_ = 0;         // the last step of the sweep
+  static constexpr std::int64_t unchosen = std::numeric_limits<std::int64_t>::max();
+  std::int64_t sweep_end_ = 0;         // the last step of the sweep; unchosen: inherited, not chosen over since
   std::uint32_t rematch_ = none;       // the incumbent that lost its place in a duel
   std::int64_t rematch_at_ = 0;        // when it gets its return match
   std::uint32_t last_ran_ = none;      // the candidate the last observed step ran

@@ -198,7 +198,7 @@ class ResidencyExplorer {
     const std::size_t side = in_force_ == incumbent_ ? 0 : 1;
     // The incumbent's steps ran its running stride, not to explore: they are its
     // explorer's measurements too, so that its estimate stays current.
-    if (side == 0) explorers_[incumbent_].observe(t);
+    if (side == 0) explorers_[incumbent_].observe(t, /*chosen=*/false);
     if (kind_ == Duel::return_match) return observe_block(t.measured_seconds > 0 ? t.measured_seconds : inf);
     pair_[side] = t.measured_seconds > 0 ? t.measured_seconds : inf;
     fastest_[in_force_] = std::min(fastest_[in_force_], pair_[side]);

@@ -6,11 +6,14 @@
 // many) and `zen5_none_first` (the model's count slower than all-CPU, so that no
 // residents wins the first duel), `zen5_mode_change` (residents help, then cost
 // from 60% of the steps on) and `zen5_device_phases` (all-CPU the best, but residents
-// and streaming cheaper in phases of 4-40 steps), at 120 steps, as bench_automatic
+// and streaming cheaper in phases of 4-40 steps) and `xeon_64m` (64 subgroups, the step
+// sharp around the fixed share's 16 residents), at 120 steps, as bench_automatic
 // runs, and at 600, with and without the pull
 // of a move on the steps after it: how often its late half comes out more than 5% over
 // the best count's, and more than 2% over all-CPU's, and the counts it ended on.
-//   build/release/tests/explorer_seeds [seeds=200]
+// A second argument sets resident_then_stride's fixed share (0 leaves it out of the
+// refinement, as before 2026-12-06).
+//   build/release/tests/explorer_seeds [seeds=200] [fixed_share=0.25]
 
 #include "support/scripted_policy.hpp"
 
@@ -18,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +34,21 @@ int main(int argc, char** argv) {
   if (seeds < 1) {
     fmt::print(stderr, "explorer_seeds: the number of seeds must be a positive integer, got '{}'\n", argv[1]);
     return 2;
+  }
+  ResidentThenStride resident;
+  if (argc > 2) {
+    char* end = nullptr;
+    resident.fixed_share.fraction = std::strtod(argv[2], &end);
+    if (end == argv[2] || *end != '\0') {
+      fmt::print(stderr, "explorer_seeds: the fixed share must be a number in [0, 1], got '{}'\n", argv[2]);
+      return 2;
+    }
+    try {
+      resident.validate();
+    } catch (const std::invalid_argument& e) {
+      fmt::print(stderr, "explorer_seeds: {}\n", e.what());
+      return 2;
+    }
   }
   struct Machine {
     const char* name;
@@ -75,22 +94,22 @@ int main(int argc, char** argv) {
   };
   for (const Residents m : {Residents{"zen5_residents", zen5_residents}, Residents{"zen5_none_first", zen5_none_first},
                            Residents{"zen5_mode_change", zen5_mode_change},
-                           Residents{"zen5_device_phases", zen5_device_phases}})
+                           Residents{"zen5_device_phases", zen5_device_phases}, Residents{"xeon_64m", xeon_64m}})
   for (const auto& [pull, steps] : {std::pair{0.0, 120}, {0.0, 600}, {0.4, 120}, {0.4, 600}}) {
     long over = 0, over_cpu = 0;
     double sum = 0, worst = 0;
     std::vector<int> settle;
-    std::vector<long> ended(17, 0);
+    std::vector<long> ended(65, 0);
     for (long seed = 1; seed <= seeds; ++seed) {
       const NoisyResidents n = m.make(static_cast<std::uint64_t>(seed), steps, pull);
-      const ResidentRun r = drive_resident(ResidentThenStride{}, n.scenario, steps);
+      const ResidentRun r = drive_resident(resident, n.scenario, steps);
       const double ratio = r.mean(steps / 2, steps) / n.late_against;
       over += ratio > 1.05;
       over_cpu += r.mean(steps / 2, steps) > 1.02 * late_mean([&](int i) { return n.scenario.truth(0, 0, i); }, steps);
       sum += ratio;
       worst = std::max(worst, ratio);
       settle.push_back(static_cast<int>(r.policy.target<ResidentThenStride>()->explorer.settled_after()));
-      ++ended[std::min<std::size_t>(r.residents.back(), 16)];
+      ++ended[std::min<std::size_t>(r.residents.back(), 64)];
     }
     std::sort(settle.begin(), settle.end());
     const auto at = [&](double q) { return settle[static_cast<std::size_t>(q * static_cast<double>(settle.size() - 1))]; };

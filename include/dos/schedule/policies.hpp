@@ -52,8 +52,11 @@ struct StaticFraction {
     if (!(fraction >= 0 && fraction <= 1)) throw_invalid_argument("policy fraction must be in [0, 1], got {}", fraction);
   }
   void residency(const ResidencyRequest& r, std::vector<Place>& out) const {
-    resident_prefix(out, r.shapes.size(),
-                    static_cast<std::size_t>(std::lround(fraction * static_cast<double>(r.shapes.size()))));
+    resident_prefix(out, r.shapes.size(), count(r.shapes.size()));
+  }
+  /// @brief The subgroups kept resident of @p subgroups: the nearest to the fraction.
+  std::size_t count(std::size_t subgroups) const noexcept {
+    return static_cast<std::size_t>(std::lround(fraction * static_cast<double>(subgroups)));
   }
   double choose(const PlanRequest& r, Plan& plan) const { return detail::stride_plan(r, r.residency, plan, 0); }
 };
@@ -124,12 +127,17 @@ struct Balanced {
 struct ResidentThenStride {
   std::uint32_t max_stride = 8;  ///< the largest k tried, >= 1
   ExploreSettings explore{};     ///< how the stride over the other subgroups is explored
+  /// The fixed share whose count is compared too, where it lies between the counts
+  /// measured (`ResidencyExplorer`'s refinement): the plan a user would otherwise pick,
+  /// `StaticFraction`'s, is a candidate, as all-CPU is one for the strides.
+  StaticFraction fixed_share{};
   ResidencyExplorer explorer{};  ///< what it has measured (its memory; read it, do not set it)
 
   std::string_view name() const noexcept { return "resident_then_stride"; }
   void validate() const {
     detail::check_max_stride(max_stride);
     explore.validate();
+    fixed_share.validate();
   }
   void residency(const ResidencyRequest& r, std::vector<Place>& out) const {
     const std::size_t n = r.shapes.size();
@@ -163,7 +171,9 @@ struct ResidentThenStride {
     resident_prefix(out, n, best);
   }
   void reserve(std::size_t subgroups) { explorer.reserve(subgroups, max_stride); }
-  double choose(const PlanRequest& r, Plan& plan) { return explorer.choose(r, max_stride, plan, r.scratch, explore); }
+  double choose(const PlanRequest& r, Plan& plan) {
+    return explorer.choose(r, max_stride, plan, r.scratch, explore, fixed_share.count(r.shapes.size()));
+  }
   void observe(const StepTimeline& t) { explorer.observe(t); }
   bool next_residency(std::vector<Place>& out) const { return explorer.next_residency(out); }
 };

@@ -52,12 +52,13 @@ namespace dos {
 /// on the Zen 5 VM at link 0.6, 4 residents of 16 ran 16% faster than the model's 6 and
 /// than 3 and none, the emulated device's Adam sharing the CPU's memory bandwidth. So
 /// after those duels, if some residents won, up to `max_refinements` more challenge the
-/// winner: each a count between it and its nearest compared neighbour on the side with
-/// the wider gap (fewer residents on a tie), until both gaps are one: halfway down
-/// (rounded down), a third of the way up (at least one). Both lean towards fewer
-/// residents, which hold less device memory and move less state. Counts above r*
-/// are not tried (r* is what the model found room for), nor, when none won, counts
-/// below r*/4 (as in the search).
+/// winner: first the fixed share's count (`StaticFraction`'s, passed to `choose`) if it
+/// lies between the winner's nearest compared neighbours; otherwise a count between
+/// the winner and its neighbour on the side with the wider gap (fewer residents on a
+/// tie), until both gaps are one: halfway down (rounded down), a third of the way up
+/// (at least one). Both lean towards fewer residents, which hold less device memory and
+/// move less state. Counts above r* are not tried (the model predicted them slower, or
+/// they do not fit), nor, when none won, counts below r*/4 (as in the search).
 ///
 /// **A duel** is `DuelScore::length` pairs of steps in the order incumbent,
 /// challenger, challenger, incumbent, incumbent, ... so that the residents move once
@@ -122,12 +123,16 @@ class ResidencyExplorer {
 
   /// @brief Builds this step's plan over the residency in force; returns its predicted
   ///        seconds. `plan.explored` marks a challenger's step in a duel, or a stride
-  ///        explored.
+  ///        explored. @p fixed_count: the count a fixed-share policy keeps resident
+  ///        (`StaticFraction`'s), which the refinement tries first where it lies
+  ///        between the winner and a compared neighbour (see the class comment).
   template <class Request>
-  double choose(const Request& r, std::uint32_t max_stride, Plan& plan, Plan& scratch, const ExploreSettings& s) {
+  double choose(const Request& r, std::uint32_t max_stride, Plan& plan, Plan& scratch, const ExploreSettings& s,
+                std::size_t fixed_count = none) {
     const auto count = static_cast<std::size_t>(std::count(r.residency.begin(), r.residency.end(), Place::resident));
     settings_ = s;
     max_stride_ = max_stride;
+    fixed_count_ = fixed_count;
     if (levels_ == 0) start(count, r.residency.size());
     else if (count == level_[want_]) {
       if (want_ != in_force_) moved_at_ = clock_;
@@ -542,12 +547,21 @@ class ResidencyExplorer {
     }
     const std::size_t gap_below = c - below, gap_above = above - c;
     if (std::max(gap_below, gap_above) <= 1) return none;
-    // Both ways the count tried leans towards fewer residents: down, halfway rounded
-    // down (from 6 with 3 below: 4, the best on the scripted Zen 5 machine); up, a third
-    // of the way (on the Zen 5 VM at links 0.6 and 2, 2026-12-04, the model's 7 lost to
-    // none and 3 won in five runs of six; halfway then tried 5 and 2 and never 4, which
-    // ran 8% faster than 3).
-    const std::size_t count = gap_below >= gap_above ? below + gap_below / 2 : c + std::max<std::size_t>(1, gap_above / 3);
+    // The fixed share's count first, where it lies between the winner's neighbours
+    // (none of them: nothing between is compared): a plan a user would otherwise pick
+    // is a candidate, as all-CPU is one for the strides. On the Xeon VM at 64M
+    // parameters (run AH, 2026-12-06) the step's time was sharp around
+    // `static_fraction`'s 16 residents of 64, and the halving search, from the model's
+    // 17-32, ended on 13-19, each 2-7% slower than 16.
+    // Otherwise, both ways the count tried leans towards fewer residents: down, halfway
+    // rounded down (from 6 with 3 below: 4, the best on the scripted Zen 5 machine);
+    // up, a third of the way (on the Zen 5 VM at links 0.6 and 2, 2026-12-04, the
+    // model's 7 lost to none and 3 won in five runs of six; halfway then tried 5 and 2
+    // and never 4, which ran 8% faster than 3).
+    const std::size_t top = above == c ? c : above;
+    const std::size_t count = fixed_count_ > below && fixed_count_ < top && fixed_count_ != c ? fixed_count_
+                              : gap_below >= gap_above ? below + gap_below / 2
+                                                       : c + std::max<std::size_t>(1, gap_above / 3);
     const std::size_t l = levels_++;
     level_[l] = count;
     recheck_at_[l] = -1;
@@ -569,6 +583,7 @@ class ResidencyExplorer {
   std::array<std::size_t, max_levels> lost_to_ = filled(none);  // per count: whom it lost its last duel to
   std::array<double, max_levels> lost_by_ = filled(inf);        // and its median ratio over the winner's
   std::size_t subgroups_ = 0;
+  std::size_t fixed_count_ = none;  // the fixed share's count, as the last choice was asked
   std::size_t in_force_ = 0;   // the count the last choice saw
   std::size_t want_ = 0;       // the count asked for from the next step
   std::size_t incumbent_ = 0;  // the count that runs when nothing is compared

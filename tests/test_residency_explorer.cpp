@@ -278,6 +278,27 @@ TEST_CASE("the return match: the count that came closest meets the winner in blo
   CHECK(explorer_of(plain).residents() == 4);
 }
 
+TEST_CASE("the running count's steps rise right after the search: the count holding the return match has it then, once") {
+  // zen5_link06's search ends at step 49 on 4 residents, 3 the closest (its return
+  // match due 16 steps later) and 5 the neighbour above. From step 50 every step runs
+  // 1.3x for 40 steps: 4's fastest recent step rises past 3's fastest by more than
+  // close / 2, which sets off a re-check of 3. That re-check is 3's return match, in
+  // blocks, fought then: six steps of 3 (the code before ran a duel of pairs, lost
+  // after three of 3's steps, then the block: nine).
+  ResidentScenario sc = zen5_link06();
+  sc.truth = [](std::size_t r, std::uint32_t k, int step) {
+    return with_stride(zen5_link06_truth[r], k) * (step >= 50 && step < 90 ? 1.3 : 1.0);
+  };
+  const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 120);
+  const ResidencyExplorer& e = explorer_of(run);
+  CHECK(std::vector<std::size_t>(e.levels().begin(), e.levels().end()) == std::vector<std::size_t>{6, 3, 1, 0, 4, 5});
+  REQUIRE(run.residents[49] == 4);
+  const ResidentRun after = slice_residents(run, 50, 120);
+  CHECK(steps_with(after, 3) == 6);
+  CHECK(steps_with(after, 5) == 6);  // then the neighbour above's block
+  CHECK(e.residents() == 4);
+}
+
 TEST_CASE("the count above the winner lost its duel in a slow phase: it has a return match of its own") {
   // As above, 4 the best and 3 next, without the pull; but every step of 4's duel runs
   // 1.25x slow (a phase of the machine that fell on its steps, as on the Zen 5 VM at

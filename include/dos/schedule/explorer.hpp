@@ -379,10 +379,15 @@ class StrideExplorer {
   /// @brief Records the measured time of a step that ran one of these candidates.
   ///        @p chosen: whether this explorer chose the step (not so for a resident
   ///        count's steps in a duel of counts, `ResidencyExplorer`): one it did not
-  ///        could not explore, and does not count towards the sweep's steps.
+  ///        could not explore, and does not count towards the sweep of the strides
+  ///        its residency added to inherited ones.
   void observe(const StepTimeline& t, bool chosen = true) {
+    // (Tested before the clock moves: the step ran at clock_, a sweep step if clock_ <=
+    // sweep_end_. Inherited records only: r*'s own sweep is over before its count's
+    // duels begin, but for second steps of the near strides, which its window lets run
+    // out during them, as before.)
+    if (!chosen && inherited_ && sweep_end_ != unchosen && clock_ <= sweep_end_) ++sweep_end_;
     ++clock_;
-    if (!chosen && clock_ <= sweep_end_ && sweep_end_ != unchosen) ++sweep_end_;
     // A plan that streamed nothing is the all-CPU candidate, whatever was asked of it.
     const bool streamed = std::find(t.plan.placement.begin(), t.plan.placement.end(), Place::device) != t.plan.placement.end();
     const std::uint32_t k = streamed ? t.plan.stride : 0;

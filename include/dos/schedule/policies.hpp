@@ -122,7 +122,8 @@ struct Balanced {
 /// `StaticFraction`'s filling the memory). Then measurements decide
 /// (`ResidencyExplorer`): once the strides over r* are swept, fewer residents, down to
 /// none, take r*'s place only by beating it side by side, with the residents moved
-/// between steps; the stride over the other subgroups is chosen as `AutomaticStride`
+/// between steps; `fixed_share`'s count among them where it lies between the counts
+/// compared; the stride over the other subgroups is chosen as `AutomaticStride`
 /// chooses it.
 struct ResidentThenStride {
   std::uint32_t max_stride = 8;  ///< the largest k tried, >= 1

@@ -335,19 +335,20 @@ struct NoisyResidents {
   double late_against = 0;
 };
 
-// What streaming at k costs over k = 0's step on the resident machines below.
+// What streaming at k costs over k = 0's step on the resident machines below, and what
+// their model promises it costs.
 inline const std::vector<double> resident_stride{1.0, 4.2, 2.4, 1.9, 1.5, 1.5, 1.25, 1.22, 1.05};
+inline const std::vector<double> resident_promised{1.0, 3.0, 1.6, 1.3, 1.1, 1.05, 0.98, 0.96, 0.95};
 
 // A machine of `count` (each resident count's step over all-CPU's) and
 // `resident_stride`, by seed, where the model chooses 6 residents and promises that
 // streaming pays at k = 6-8; `best` is the fastest count (at k = 0).
 inline NoisyResidents resident_machine(std::uint64_t seed, int steps, double pull, const std::vector<double>& count,
                                        std::size_t best) {
-  static const std::vector<double> promised{1.0, 3.0, 1.6, 1.3, 1.1, 1.05, 0.98, 0.96, 0.95};
   const std::vector<double> factor = heavy_tail_factors(seed, steps);
   const auto model = [](std::size_t r, std::uint32_t k) {
     return (1.0 - 0.03 * static_cast<double>(std::min<std::size_t>(r, 6)) + 0.04 * static_cast<double>(r > 6 ? r - 6 : 0)) *
-           promised[std::min<std::size_t>(k, 8)];
+           resident_promised[std::min<std::size_t>(k, 8)];
   };
   NoisyResidents n{{model,
                     [factor, count](std::size_t r, std::uint32_t k, int step) {
@@ -440,20 +441,24 @@ inline NoisyResidents zen5_device_phases(std::uint64_t seed, int steps, double p
 // Seen on the 2-vCPU Xeon VM with the emulated device at 64M parameters, 64 subgroups
 // (run AH of bench_automatic, 2026-12-06, docs/policy-runs.md): the step sharp around
 // static_fraction's 16 residents, which ran 2-7% faster than the 13-19 the search
-// ended on, while the model's count was 17-32. Here 16 runs 0.78x all-CPU's time, 15
-// 5% slower than 16, 13 11%, 17 2%, 20 7%, the model's 30 0.93x all-CPU's;
-// `resident_stride` and `heavy_tail`'s noise as on `zen5_residents`.
+// ended on, while the model's count was 17-32. The step with r residents of 64 over
+// all-CPU's: 16 0.78x, 15 5% slower than 16, 13 11%, 17 2%, 20 7%, 30 0.93x all-CPU's.
+inline double sharp_at_16(std::size_t r) {
+  const double d = static_cast<double>(r) - 16;
+  return d <= 0 ? 0.78 + 0.22 * std::pow(-d / 16, 0.6) : 0.78 + 0.4 * std::pow(d / 48, 0.8);
+}
+// And a model that puts the best at 30.
+inline double model_best_at_30(std::size_t r) { return 0.8 + 1e-4 * std::pow(static_cast<double>(r) - 30, 2); }
+
+// `sharp_at_16` and `model_best_at_30`, with `resident_stride`, `resident_promised` and
+// `heavy_tail`'s noise as on `zen5_residents`.
 inline NoisyResidents xeon_64m(std::uint64_t seed, int steps, double pull = 0) {
   std::vector<double> count(65);
-  for (std::size_t r = 0; r < count.size(); ++r) {
-    const double d = static_cast<double>(r) - 16;
-    count[r] = d <= 0 ? 0.78 + 0.22 * std::pow(-d / 16, 0.6) : 0.78 + 0.4 * std::pow(d / 48, 0.8);
-  }
+  for (std::size_t r = 0; r < count.size(); ++r) count[r] = sharp_at_16(r);
   NoisyResidents n = resident_machine(seed, steps, pull, count, 16);
   n.scenario.subgroups = 64;
-  static const std::vector<double> promised{1.0, 3.0, 1.6, 1.3, 1.1, 1.05, 0.98, 0.96, 0.95};
   n.scenario.predicted = [](std::size_t r, std::uint32_t k) {
-    return (0.8 + 1e-4 * std::pow(static_cast<double>(r) - 30, 2)) * promised[std::min<std::size_t>(k, 8)];
+    return model_best_at_30(r) * resident_promised[std::min<std::size_t>(k, 8)];
   };
   return n;
 }

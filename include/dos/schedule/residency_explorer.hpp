@@ -571,8 +571,8 @@ class ResidencyExplorer {
     // up, a third of the way (on the Zen 5 VM at links 0.6 and 2, 2026-12-04, the
     // model's 7 lost to none and 3 won in five runs of six; halfway then tried 5 and 2
     // and never 4, which ran 8% faster than 3).
-    const std::size_t top = above == c ? c : above;
-    const std::size_t count = fixed_count_ > below && fixed_count_ < top && fixed_count_ != c ? fixed_count_
+    // (`above` is c itself where none is compared above: then the count must be below c.)
+    const std::size_t count = fixed_count_ > below && fixed_count_ < above && fixed_count_ != c ? fixed_count_
                               : gap_below >= gap_above ? below + gap_below / 2
                                                        : c + std::max<std::size_t>(1, gap_above / 3);
     const std::size_t l = levels_++;

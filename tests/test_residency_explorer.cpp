@@ -206,6 +206,62 @@ TEST_CASE("64 subgroups, the step sharp around the fixed share's count: the refi
   CHECK(without.mean(150, 300) >= 1.04 * truth(16));
 }
 
+TEST_CASE("64 subgroups, a duel of pairs ranks 7 over 15: the fixed share's 16, past the winner's neighbour, is still tried") {
+  // What the Xeon VM showed in two runs of run AI (64M parameters, 2026-12-06): a
+  // duel of pairs ranked 7 residents over 15, so that 16, above 15, lay past the
+  // winner's nearest compared neighbour. Here 15's steps run 1.3x slow while 7
+  // challenges it. The refinement tries the fixed share's count wherever it lies below
+  // r* (the code before tried 9 and 11 and ended on 15, 10% slower than 16).
+  const auto truth = sharp_at_16;
+  ResidentScenario sc{[](std::size_t r, std::uint32_t k) { return with_stride(model_best_at_30(r), k); },
+                      [&](std::size_t r, std::uint32_t k, int step) {
+                        return with_stride(truth(r), k) * (r == 15 && step >= 31 && step < 46 ? 1.3 : 1.0);
+                      }};
+  sc.subgroups = 64;
+  const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 120);
+  const ResidencyExplorer& e = explorer_of(run);
+  REQUIRE(e.levels().size() >= 5);
+  CHECK(e.levels()[4] == 16);  // the first count of the refinement
+  CHECK(e.residents() == 16);
+  CHECK(run.mean(60, 120) <= 1.02 * truth(16));
+}
+
+TEST_CASE("the fixed share's count lost its duel of pairs narrowly, and is neither the closest nor the neighbour above: it has a return match last") {
+  // 4 residents (the fixed share's) the best, 3 and 2 within 6% of it; 4's steps run
+  // 6% slow until step 50, so that it loses its duel to 3 by a hair; then 2 beats 3.
+  // 3, which lost its place to 2, is both the closest and the neighbour above; 4 ran
+  // within `rematch_within` of 2 by the duels that lead from it (4 lost to 3, 3 to 2),
+  // so it meets 2 last, in blocks, after the phase: it wins, a second block confirms,
+  // and the policy keeps 4 (the code before stayed on 2, 3.5% slower).
+  const std::vector<double> truth{1.0, 0.95, 0.89, 0.91, 0.86, 0.92, 0.98, 1.05, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1};
+  const ResidentScenario sc{zen5_link06().predicted, [&](std::size_t r, std::uint32_t k, int step) {
+                              return with_stride(truth[r], k) * (r == 4 && step < 50 ? 1.06 : 1.0);
+                            }};
+  const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 300);
+  const ResidencyExplorer& e = explorer_of(run);
+  CHECK(std::vector<std::size_t>(e.levels().begin(), e.levels().end()) == std::vector<std::size_t>{6, 3, 1, 0, 4, 2});
+  REQUIRE(run.residents[60] == 2);  // the search's winner
+  CHECK(e.residents() == 4);
+  CHECK(steps_with(run, 2, 120) == 0);
+  CHECK(run.mean(150, 300) <= 1.01 * truth[4]);
+  // 3's block came first, then 4's two.
+  const ResidentRun after = slice_residents(run, 60, 120);
+  CHECK(steps_with(after, 3) == 6);
+  int longest_four = 0, streak = 0;
+  for (std::size_t i = 0; i < after.residents.size(); ++i) {
+    streak = after.residents[i] == 4 && after.explored[i] ? streak + 1 : 0;
+    longest_four = std::max(longest_four, streak);
+  }
+  CHECK(longest_four == 6);
+  // Where 4 ran 12% over 2 instead, beyond `rematch_within`, it has no return match.
+  const ResidentScenario slow{zen5_link06().predicted, [&](std::size_t r, std::uint32_t k, int) {
+                                return with_stride(r == 4 ? 1.12 * truth[2] : truth[r], k);
+                              }};
+  const ResidentRun far = drive_resident(ResidentThenStride{}, slow, 300);
+  CHECK(explorer_of(far).residents() == 2);
+  CHECK(steps_with(slice_residents(far, 60, 150), 4) == 0);  // (its re-check comes later)
+}
+
 TEST_CASE("the strides are swept once, over r*, before the counts are compared; the winner inherits them") {
   // The Zen 5 VM at link 0.6, as in the test above, where streaming costs 50%.
   const ResidentScenario sc = zen5_link06();

@@ -122,15 +122,17 @@ struct Balanced {
 /// `StaticFraction`'s filling the memory). Then measurements decide
 /// (`ResidencyExplorer`): once the strides over r* are swept, fewer residents, down to
 /// none, take r*'s place only by beating it side by side, with the residents moved
-/// between steps; `fixed_share`'s count among them where it lies between the counts
-/// compared; the stride over the other subgroups is chosen as `AutomaticStride`
-/// chooses it.
+/// between steps; `fixed_share`'s count among them once some residents won (and
+/// again in blocks, if it lost narrowly); the stride over the other subgroups is chosen
+/// as `AutomaticStride` chooses it.
 struct ResidentThenStride {
   std::uint32_t max_stride = 8;  ///< the largest k tried, >= 1
   ExploreSettings explore{};     ///< how the stride over the other subgroups is explored
-  /// The fixed share whose count is compared too, where it lies between the counts
-  /// measured (`ResidencyExplorer`'s refinement): the plan a user would otherwise pick,
-  /// `StaticFraction`'s, is a candidate, as all-CPU is one for the strides.
+  /// The fixed share whose count is compared too, first in `ResidencyExplorer`'s
+  /// refinement wherever it lies below the model's count, and again in blocks if it
+  /// lost by less than `ResidencyExplorer::rematch_within`: the plan a user would
+  /// otherwise pick, `StaticFraction`'s, is a candidate, as all-CPU is one for the
+  /// strides. A fraction of 0 leaves it out.
   StaticFraction fixed_share{};
   ResidencyExplorer explorer{};  ///< what it has measured (its memory; read it, do not set it)
 

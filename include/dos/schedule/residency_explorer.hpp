@@ -52,13 +52,15 @@ namespace dos {
 /// on the Zen 5 VM at link 0.6, 4 residents of 16 ran 16% faster than the model's 6 and
 /// than 3 and none, the emulated device's Adam sharing the CPU's memory bandwidth. So
 /// after those duels, if some residents won, up to `max_refinements` more challenge the
-/// winner: first the fixed share's count (`StaticFraction`'s, passed to `choose`) if it
-/// lies between the winner's nearest compared neighbours; otherwise a count between
+/// winner: first the fixed share's count (`StaticFraction`'s, passed to `choose`) if no
+/// duel has compared it, wherever it lies below r*: the plan a user would otherwise
+/// pick is a candidate, as all-CPU is one for the strides; then a count between
 /// the winner and its neighbour on the side with the wider gap (fewer residents on a
 /// tie), until both gaps are one: halfway down (rounded down), a third of the way up
 /// (at least one). Both lean towards fewer residents, which hold less device memory and
 /// move less state. Counts above r* are not tried (the model predicted them slower, or
-/// they do not fit), nor, when none won, counts below r*/4 (as in the search).
+/// they do not fit), nor, when none won, any other count (below r*/4 as in the search;
+/// the fixed share's neither, as every count compared lost to none).
 ///
 /// **A duel** is `DuelScore::length` pairs of steps in the order incumbent,
 /// challenger, challenger, incumbent, incumbent, ... so that the residents move once
@@ -78,8 +80,12 @@ namespace dos {
 /// nearest compared count with more residents), if it lost its last duel (to the
 /// winner or another count) by less than `close` and is not that count, meets the
 /// winner at once after (if the first match changed the winner, only if it is still
-/// above it), or first, `explore_every` steps later, where no count came close enough.
-/// Both are fought in *blocks*: the winner's two steps, the
+/// above it), or first, `explore_every` steps later, where no count came close enough;
+/// last, the fixed share's count, if it is neither of those, is not the winner, and
+/// ran within `rematch_within` of the winner by the duels that lead from it to the
+/// winner (it lost to a count that lost to the winner, say: the ratios multiply): a
+/// duel of pairs is no final verdict on the plan the policy must not be slower than.
+/// All are fought in *blocks*: the winner's two steps, the
 /// challenger's six, the winner's four, the two steps after each move not compared,
 /// so that four of each side's steps compare as the two counts run when they stay (a
 /// duel moves the residents every two steps, and the steps after a move read part of
@@ -297,7 +303,7 @@ class ResidencyExplorer {
     lost_to_.fill(none);
     lost_by_.fill(inf);
     rise_at_ = rise_wait_ = 0;
-    rematch_ = rematch_next_ = none;
+    rematch_ = rematch_next_ = rematch_fixed_ = none;
     searching_ = dueling_ = sweeping_ = false;
   }
 
@@ -480,8 +486,11 @@ class ResidencyExplorer {
       // block cheaper, only later. If the first match changed the winner, only if it is
       // still above it (a count that lost its place to one below it is no neighbour of
       // the new winner from above, and its loss was not to it).
+      // The fixed share's count then, if it lost and is not the winner now.
       rematch_ = std::exchange(rematch_next_, none);
       if (rematch_ != none && level_[rematch_] <= level_[incumbent_]) rematch_ = none;
+      if (rematch_ == none) rematch_ = std::exchange(rematch_fixed_, none);
+      if (rematch_ == incumbent_) rematch_ = none;
       rematch_at_ = clock_;
     }
     if (risen_) {
@@ -529,16 +538,28 @@ class ResidencyExplorer {
     // instead of 178: blocks cost steps and misjudge too.)
     // (A count not yet compared has lost no duel: lost_to_ none. Written as !(x <= y) so
     // that a ratio of two steps that measured nothing, NaN, qualifies for nothing.)
-    std::size_t closest = none, above = none;
+    // Last, the fixed share's count, if neither of those is it and it ran within
+    // `rematch_within` of the winner (by the ratios of the duels that lead from it to
+    // the winner, each lost to the next): a duel of pairs is no final verdict on the
+    // plan the policy must not be slower than (in run AI, 16M parameters, five runs of
+    // twelve ran 2, 3 or 5 residents, 1.08-1.15x `static_fraction`'s time, after pairs
+    // had ranked them over its 4). Not within `close`, as the neighbour above: a block
+    // costs six steps of the challenger, which at 24% slower (the scripted machine whose
+    // residents slow the step from step 100) cost the late half 1%.
+    std::size_t closest = none, above = none, fixed = none;
     for (std::size_t l = 0; l < levels_; ++l) {
       if (l == incumbent_ || lost_to_[l] == none) continue;
       if (lost_to_[l] == incumbent_ && (closest == none || lost_by_[l] < lost_by_[closest])) closest = l;
       if (level_[l] > level_[incumbent_] && (above == none || level_[l] < level_[above])) above = l;
+      if (fixed_count_ > 0 && level_[l] == fixed_count_) fixed = l;
     }
     if (closest != none && !(lost_by_[closest] <= 1 + rematch_within)) closest = none;
     if (above != none && (above == closest || !(lost_by_[above] <= 1 + settings_.close))) above = none;
+    if (fixed != none && (fixed == closest || fixed == above || !(behind(fixed) <= 1 + rematch_within))) fixed = none;
     if (closest == none) std::swap(closest, above);
+    if (closest == none) std::swap(closest, fixed);
     rematch_next_ = above;
+    rematch_fixed_ = fixed;
     if (closest == none) {
       rematch_ = none;
       return;
@@ -547,12 +568,38 @@ class ResidencyExplorer {
     rematch_ = closest;
   }
 
+  // How much slower count l ran than the incumbent: the product of the median ratios
+  // of the duels from l to the incumbent, each lost to the next; infinite where the
+  // losses lead elsewhere (or round in a circle).
+  double behind(std::size_t l) const {
+    double ratio = 1;
+    for (std::size_t hops = 0; hops < levels_ && l != incumbent_; ++hops) {
+      if (lost_to_[l] == none) return inf;
+      ratio *= lost_by_[l];
+      l = lost_to_[l];
+    }
+    return l == incumbent_ ? ratio : inf;
+  }
+
   // The next count of the refinement (see the class comment), added to the levels;
   // none when the winner's gaps are one or the refinements are spent.
   std::size_t refinement() {
     if (refined_ == max_refinements || levels_ == max_levels) return none;
     const std::size_t c = level_[incumbent_];
+    // None won: every count compared lost to none, the fixed share's too if it was
+    // among them; trying it there anyway made the scripted `zen5_device_phases` (no
+    // residents the best, residents cheaper in phases) end over all-CPU by 2% in 1204
+    // runs of 2000 instead of 967, a phase falling on its duel.
     if (c == 0) return none;
+    // The fixed share's count first, wherever it lies below r*, if no duel has compared
+    // it: a plan a user would otherwise pick is a candidate, as all-CPU is one for the
+    // strides. On the Xeon VM at 64M parameters (run AH, 2026-12-06) the step's time
+    // was sharp around `static_fraction`'s 16 residents of 64, and the halving search,
+    // from the model's 17-32, ended on 13-19, each 2-7% slower than 16; in run AI it
+    // reached 16 in ten runs of twelve, and in the other two a duel of pairs had ranked
+    // 7 over 15, so that 16 lay past the winner's neighbour and was never tried.
+    // (Counts above r* are not: they may not fit.)
+    if (fixed_count_ > 0 && fixed_count_ < level_[0] && !compared(fixed_count_)) return add_level(fixed_count_);
     std::size_t below = c, above = c;  // the nearest compared counts each side; c: none
     for (std::size_t l = 0; l < levels_; ++l) {
       if (level_[l] < c && (below == c || level_[l] > below)) below = level_[l];
@@ -560,21 +607,22 @@ class ResidencyExplorer {
     }
     const std::size_t gap_below = c - below, gap_above = above - c;
     if (std::max(gap_below, gap_above) <= 1) return none;
-    // The fixed share's count first, where it lies between the winner's neighbours
-    // (none of them: nothing between is compared): a plan a user would otherwise pick
-    // is a candidate, as all-CPU is one for the strides. On the Xeon VM at 64M
-    // parameters (run AH, 2026-12-06) the step's time was sharp around
-    // `static_fraction`'s 16 residents of 64, and the halving search, from the model's
-    // 17-32, ended on 13-19, each 2-7% slower than 16.
-    // Otherwise, both ways the count tried leans towards fewer residents: down, halfway
+    // Both ways the count tried leans towards fewer residents: down, halfway
     // rounded down (from 6 with 3 below: 4, the best on the scripted Zen 5 machine);
     // up, a third of the way (on the Zen 5 VM at links 0.6 and 2, 2026-12-04, the
     // model's 7 lost to none and 3 won in five runs of six; halfway then tried 5 and 2
     // and never 4, which ran 8% faster than 3).
     // (`above` is c itself where none is compared above: then the count must be below c.)
-    const std::size_t count = fixed_count_ > below && fixed_count_ < above && fixed_count_ != c ? fixed_count_
-                              : gap_below >= gap_above ? below + gap_below / 2
-                                                       : c + std::max<std::size_t>(1, gap_above / 3);
+    return add_level(gap_below >= gap_above ? below + gap_below / 2 : c + std::max<std::size_t>(1, gap_above / 3));
+  }
+
+  bool compared(std::size_t count) const noexcept {
+    return std::find(level_.begin(), level_.begin() + static_cast<std::ptrdiff_t>(levels_), count) !=
+           level_.begin() + static_cast<std::ptrdiff_t>(levels_);
+  }
+
+  // A count of the refinement, added to the levels.
+  std::size_t add_level(std::size_t count) {
     const std::size_t l = levels_++;
     level_[l] = count;
     recheck_at_[l] = -1;
@@ -610,6 +658,7 @@ class ResidencyExplorer {
   std::size_t next_ = 0;           // the next of them
   std::size_t rematch_ = none;     // the count that meets the winner again (the search skips it)
   std::size_t rematch_next_ = none;  // the winner's neighbour above, which meets it after
+  std::size_t rematch_fixed_ = none;  // the fixed share's count, which meets it last
   std::int64_t rematch_at_ = 0;
   std::uint32_t steps_in_pair_ = 0;
   int block_step_ = 0;                        // steps of a return match so far

@@ -85,20 +85,33 @@ ConstTensorView grad_view(const RawView& r) {
 }
 
 // The one place where Python's policy names become C++ policies. `arg` is the
-// policy's parameter: k for fixed_stride, the largest k for automatic_stride, the
-// resident share for static_fraction. Adapt here when the C++ policy type changes.
-AnyPolicy to_policy(std::string_view name, std::optional<double> arg) {
+// policy's parameter: k for fixed_stride, the largest k for automatic_stride and
+// resident_then_stride, the resident share for static_fraction; `arg2`, for
+// resident_then_stride alone, the fixed share whose count it compares too. Adapt here
+// when the C++ policy type changes.
+AnyPolicy to_policy(std::string_view name, std::optional<double> arg, std::optional<double> arg2) {
   const auto whole = [&](double x) {  // checked before the cast: a float out of range is UB to convert
     if (!(x >= 1 && x <= 1e6 && x == std::floor(x)))
       throw_invalid_argument("policy {} needs a whole number in [1, 1e6], got {}", name, x);
     return static_cast<std::uint32_t>(x);
   };
-  if (name == "all_cpu") return AllCpu{};
-  if (name == "static_fraction") return StaticFraction{arg ? *arg : StaticFraction{}.fraction};
-  if (name == "fixed_stride") return FixedStride{arg ? whole(*arg) : FixedStride{}.stride};
-  if (name == "automatic_stride") return AutomaticStride{arg ? whole(*arg) : AutomaticStride{}.max_stride};
-  if (name == "balanced") return Balanced{};
-  if (name == "resident_then_stride") return ResidentThenStride{arg ? whole(*arg) : ResidentThenStride{}.max_stride};
+  if (name == "resident_then_stride") {
+    ResidentThenStride p;
+    if (arg) p.max_stride = whole(*arg);
+    if (arg2 && !(*arg2 >= 0 && *arg2 <= 1))
+      throw_invalid_argument("policy resident_then_stride's fixed share must be in [0, 1], got {}", *arg2);
+    if (arg2) p.fixed_share = StaticFraction{*arg2};
+    return p;
+  }
+  const auto one = [&](AnyPolicy p) {  // the others take one argument at most
+    if (arg2) throw_invalid_argument("policy {} takes at most one argument, got a second ({})", name, *arg2);
+    return p;
+  };
+  if (name == "all_cpu") return one(AllCpu{});
+  if (name == "static_fraction") return one(StaticFraction{arg ? *arg : StaticFraction{}.fraction});
+  if (name == "fixed_stride") return one(FixedStride{arg ? whole(*arg) : FixedStride{}.stride});
+  if (name == "automatic_stride") return one(AutomaticStride{arg ? whole(*arg) : AutomaticStride{}.max_stride});
+  if (name == "balanced") return one(Balanced{});
   throw_invalid_argument("unknown policy '{}' (all_cpu, static_fraction, fixed_stride, automatic_stride, balanced, "
                          "resident_then_stride)", name);
 }
@@ -113,6 +126,7 @@ struct EngineOptions {
   std::optional<std::tuple<double, double, double, std::int64_t>> loss_scaling;  // init, growth, backoff, interval
   std::string policy = "automatic_stride";
   std::optional<double> policy_arg;
+  std::optional<double> policy_arg2;
   std::size_t staging_budget = 0;
   std::uintptr_t stream = 0;  // the framework's CUDA stream (cuda backend)
 };
@@ -127,7 +141,7 @@ Options to_options(const EngineOptions& e) {
     const auto& [init, growth, backoff, interval] = *e.loss_scaling;
     o.loss_scaling = LossScaling{init, growth, backoff, interval};
   }
-  o.interleave.policy = to_policy(e.policy, e.policy_arg);
+  o.interleave.policy = to_policy(e.policy, e.policy_arg, e.policy_arg2);
   o.interleave.staging_budget = e.staging_budget;
   return o;
 }
@@ -329,6 +343,7 @@ NB_MODULE(_core, m) {
       .def_rw("loss_scaling", &EngineOptions::loss_scaling)
       .def_rw("policy", &EngineOptions::policy)
       .def_rw("policy_arg", &EngineOptions::policy_arg)
+      .def_rw("policy_arg2", &EngineOptions::policy_arg2)
       .def_rw("staging_budget", &EngineOptions::staging_budget)
       .def_rw("stream", &EngineOptions::stream);
 

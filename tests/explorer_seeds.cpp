@@ -12,7 +12,7 @@
 // of a move on the steps after it: how often its late half comes out more than 5% over
 // the best count's, and more than 2% over all-CPU's, and the counts it ended on.
 // A second argument sets resident_then_stride's fixed share (0 leaves it out of the
-// refinement, as before 2026-12-06).
+// refinement and the return matches, as before 2026-12-06).
 //   build/release/tests/explorer_seeds [seeds=200] [fixed_share=0.25]
 
 #include "support/scripted_policy.hpp"

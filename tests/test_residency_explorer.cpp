@@ -76,16 +76,23 @@ TEST_CASE("the model right: residents help, and the policy keeps the model's cou
   // there, since going down made the step slower. Their re-checks are due hundreds of
   // steps later (the slower they ran, the later).
   CHECK(steps_with(run, 8) == 3);
-  CHECK(steps_with(run, 4) == 0);
-  // The refinement: 12, halfway to 8, and then 14 lose clearly after three pairs too
-  // (1.44x and 1.22x) in the first 100 steps; 15 is past the refinements. (14 is
-  // re-checked later, 0.22 / close times stale_after steps after its loss.)
+  // The refinement: r*/4, 4, is the fixed share's count, left out when the search
+  // stopped; it is tried first, and dropped after two pairs (2.3x); then 12, halfway
+  // to 8, loses clearly after three pairs (1.44x). 14 and 15 are past the refinements.
+  CHECK(steps_with(run, 4) == 2);
   const ResidentRun search = slice_residents(run, 0, 100);
   CHECK(steps_with(search, 12) == 3);
-  CHECK(steps_with(search, 14) == 3);
   CHECK(run.mean(150, 300) <= 1.02 * t(16, 0));
   const ResidencyExplorer& e = explorer_of(run);
-  CHECK(std::vector<std::size_t>(e.levels().begin(), e.levels().end()) == std::vector<std::size_t>{16, 8, 4, 0, 12, 14});
+  CHECK(std::vector<std::size_t>(e.levels().begin(), e.levels().end()) == std::vector<std::size_t>{16, 8, 4, 0, 12});
+  // Without the fixed share, the halving rule's two: 12, then 14 (1.22x).
+  ResidentThenStride halving;
+  halving.fixed_share.fraction = 0;
+  const ResidentRun plain = drive_resident(halving, sc, 300);
+  CHECK(steps_with(plain, 4) == 0);
+  CHECK(steps_with(slice_residents(plain, 0, 100), 14) == 3);
+  const ResidencyExplorer& h = explorer_of(plain);
+  CHECK(std::vector<std::size_t>(h.levels().begin(), h.levels().end()) == std::vector<std::size_t>{16, 8, 4, 0, 12, 14});
   CHECK_FALSE(e.searching());
   CHECK(e.residents() == 16);
 }

@@ -35,16 +35,24 @@ def _raw(t):
 
 
 def _parse_policy(policy):
-    """'name' or 'name:arg' (fixed_stride:2, automatic_stride:8, static_fraction:0.25)."""
+    """'name', 'name:arg' (fixed_stride:2, automatic_stride:8, static_fraction:0.25) or
+    'resident_then_stride:max_k:fixed_share' (either may be left empty for its default):
+    the name and up to two numbers, None where not given."""
     if not isinstance(policy, str):
         raise TypeError(f"dos: policy must be a string such as 'automatic_stride' or 'fixed_stride:2', got {policy!r}")
-    name, _, arg = policy.partition(":")
-    if not arg:
-        return name, None
+    name, _, rest = policy.partition(":")
+    if not rest:
+        return name, None, None
+    parts = rest.split(":")
+    if len(parts) > 2:
+        raise ValueError(f"dos: policy takes at most two arguments, got {policy!r}")
+    if len(parts) == 2 and parts[1] == "":
+        raise ValueError(f"dos: policy's second argument is empty, got {policy!r}")
     try:
-        return name, float(arg)
+        args = [None if p == "" else float(p) for p in parts]
     except ValueError:
-        raise ValueError(f"dos: policy argument must be a number, got {policy!r}") from None
+        raise ValueError(f"dos: policy arguments must be numbers, got {policy!r}") from None
+    return name, args[0], args[1] if len(args) > 1 else None
 
 
 class _DosAdamBase(Optimizer):
@@ -105,7 +113,7 @@ class _DosAdamBase(Optimizer):
                 ls.update(loss_scaling)
             o.loss_scaling = (float(ls["init_scale"]), float(ls["growth_factor"]), float(ls["backoff_factor"]),
                               int(ls["growth_interval"]))
-        o.policy, o.policy_arg = _parse_policy(policy)
+        o.policy, o.policy_arg, o.policy_arg2 = _parse_policy(policy)
         o.staging_budget = int(staging_budget)
         if backend == "cuda" and torch.cuda.is_available():
             # dos waits for this stream (where backward wrote the gradients) before reading.
@@ -426,8 +434,10 @@ class AdamW(_DosAdamBase):
       subgroup_elements: elements per subgroup, the unit of CPU/device scheduling.
       backend: "cpu", "emulated" (a device made of host threads, for testing the
         interleaving engine) or "cuda" (builds with a CUDA toolkit only).
-      policy: the CPU/device split, "name" or "name:arg": all_cpu, static_fraction:0.25,
-        fixed_stride:2, automatic_stride[:max_k] (default), balanced.
+      policy: the CPU/device split, "name", "name:arg" or "name:arg:arg": all_cpu, static_fraction:0.25,
+        fixed_stride:2, automatic_stride[:max_k] (default), balanced,
+        resident_then_stride[:max_k[:fixed_share]] (the share whose resident count it
+        compares too, 0.25 by default; 0 leaves it out).
       staging_budget: device bytes for staging (0: what is free).
       max_grad_norm: clip the global gradient norm as clip_grad_norm_ does (0: off).
       loss_scaling: True or a dict (init_scale, growth_factor, backoff_factor,

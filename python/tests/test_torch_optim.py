@@ -347,7 +347,7 @@ def test_loss_scaling_unscales_and_skips_overflow():
 
 
 @pytest.mark.parametrize("policy", ["fixed_stride:1", "fixed_stride:2", "automatic_stride", "static_fraction:0.5",
-                                    "balanced", "all_cpu"])
+                                    "balanced", "all_cpu", "resident_then_stride:4:0.5", "resident_then_stride::0"])
 def test_emulated_device_is_bit_identical_to_cpu(policy):
     def make(backend):
         # Small subgroups, so the policy has several to place.
@@ -382,14 +382,20 @@ def test_bad_hyperparameters_raise_valueerror_with_doss_message():
         dos.torch.Adam(p, lr="fast")
     with pytest.raises(ValueError, match="unknown backend"):
         dos.torch.AdamW(p, backend="tpu")
-    with pytest.raises(ValueError, match="unknown policy"):
-        dos.torch.AdamW(p, backend="emulated", policy="random")
-    with pytest.raises(ValueError, match="fixed_stride needs a whole number"):
-        dos.torch.AdamW(p, backend="emulated", policy="fixed_stride:0")
-    with pytest.raises(ValueError, match="automatic_stride needs a whole number"):
-        dos.torch.AdamW(p, backend="emulated", policy="automatic_stride:1.5")
-    with pytest.raises(ValueError, match="policy fraction must be in"):
-        dos.torch.AdamW(p, backend="emulated", policy="static_fraction:2")
+    for policy, message in [
+        ("random", "unknown policy"),
+        ("fixed_stride:0", "fixed_stride needs a whole number"),
+        ("automatic_stride:1.5", "automatic_stride needs a whole number"),
+        ("static_fraction:2", "policy fraction must be in"),
+        ("resident_then_stride:8:1.5", r"resident_then_stride's fixed share must be in \[0, 1\], got 1.5"),
+        ("fixed_stride:2:0.5", "policy fixed_stride takes at most one argument"),
+        ("random::0.5", "unknown policy 'random'"),
+        ("resident_then_stride:8:", "second argument is empty"),
+        ("resident_then_stride:8:0.25:1", "at most two arguments"),
+        ("resident_then_stride:8:quarter", "arguments must be numbers"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            dos.torch.AdamW(p, backend="emulated", policy=policy)
     with pytest.raises(ValueError, match="threads must be >= 0"):
         dos.torch.AdamW(p, threads=-1)
     with pytest.raises(ValueError, match="subgroup_elements must be >= 1"):

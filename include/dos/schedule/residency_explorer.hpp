@@ -26,9 +26,9 @@
 namespace dos {
 
 /// @brief The resident counts r*, r*/2, r*/4 and 0 (r*: the count the policy's model
-///        chose when it was set), then counts between the winner and its neighbours,
-///        compared side by side in duels of paired steps, with the residents moved
-///        between the steps.
+///        chose when it was set), then the fixed share's count and counts between the
+///        winner and its neighbours, compared side by side in duels of paired steps,
+///        with the residents moved between the steps.
 ///
 /// **The search.** First r* runs alone until its `StrideExplorer` has swept the strides
 /// (`StrideExplorer::swept`): the sweep is the costly part of settling (strides the
@@ -53,7 +53,8 @@ namespace dos {
 /// than 3 and none, the emulated device's Adam sharing the CPU's memory bandwidth. So
 /// after those duels, if some residents won, up to `max_refinements` more challenge the
 /// winner: first the fixed share's count (`StaticFraction`'s, passed to `choose`) if no
-/// duel has compared it, wherever it lies below r*: the plan a user would otherwise
+/// duel has compared it (r*/4 too, left out when the search ended early), wherever it
+/// lies below r*: the plan a user would otherwise
 /// pick is a candidate, as all-CPU is one for the strides; then a count between
 /// the winner and its neighbour on the side with the wider gap (fewer residents on a
 /// tie), until both gaps are one: halfway down (rounded down), a third of the way up
@@ -81,10 +82,13 @@ namespace dos {
 /// winner or another count) by less than `close` and is not that count, meets the
 /// winner at once after (if the first match changed the winner, only if it is still
 /// above it), or first, `explore_every` steps later, where no count came close enough;
-/// last, the fixed share's count, if it is neither of those, is not the winner, and
-/// ran within `rematch_within` of the winner by the duels that lead from it to the
-/// winner (it lost to a count that lost to the winner, say: the ratios multiply): a
-/// duel of pairs is no final verdict on the plan the policy must not be slower than.
+/// last (or first, where neither qualifies), the fixed share's count, if it is neither
+/// of those, is not the winner, and ran within `rematch_within` of the winner by the
+/// duels that lead from it to the winner (it lost to a count that lost to the winner,
+/// say: the ratios multiply; checked again when its turn comes, after the other
+/// matches): a duel of pairs is no final verdict on the plan the policy must not be
+/// slower than. A count re-checked in the meantime has had its second look, and
+/// loses its match.
 /// All are fought in *blocks*: the winner's two steps, the
 /// challenger's six, the winner's four, the two steps after each move not compared,
 /// so that four of each side's steps compare as the two counts run when they stay (a
@@ -131,8 +135,9 @@ class ResidencyExplorer {
   /// @brief Builds this step's plan over the residency in force; returns its predicted
   ///        seconds. `plan.explored` marks a challenger's step in a duel, or a stride
   ///        explored. @p fixed_count: the count a fixed-share policy keeps resident
-  ///        (`StaticFraction`'s), which the refinement tries first where it lies
-  ///        between the winner and a compared neighbour (see the class comment).
+  ///        (`StaticFraction`'s), which the refinement tries first if no duel has
+  ///        compared it, and which has a return match if it lost narrowly (see the
+  ///        class comment); 0 or `none` leaves it out.
   template <class Request>
   double choose(const Request& r, std::uint32_t max_stride, Plan& plan, Plan& scratch, const ExploreSettings& s,
                 std::size_t fixed_count = none) {
@@ -487,11 +492,12 @@ class ResidencyExplorer {
       // still above it (a count that lost its place to one below it is no neighbour of
       // the new winner from above, and its loss was not to it).
       // The fixed share's count then, if it lost and is not the winner now.
-      rematch_ = std::exchange(rematch_next_, none);
-      if (rematch_ != none && level_[rematch_] <= level_[incumbent_]) rematch_ = none;
-      if (rematch_ == none) rematch_ = std::exchange(rematch_fixed_, none);
-      if (rematch_ == incumbent_) rematch_ = none;
-      rematch_at_ = clock_;
+      next_rematch();
+    } else if (kind_ == Duel::recheck) {
+      // A count re-checked in pairs has had its second look: no block for it after.
+      if (rematch_next_ == c) rematch_next_ = none;
+      if (rematch_fixed_ == c) rematch_fixed_ = none;
+      if (rematch_ == c) next_rematch();
     }
     if (risen_) {
       // A re-check set off by the running count's rise that it loses makes the next one
@@ -568,6 +574,19 @@ class ResidencyExplorer {
     rematch_ = closest;
   }
 
+  // The return match queued after the one over (see end_duel), due now.
+  void next_rematch() {
+    rematch_ = std::exchange(rematch_next_, none);
+    if (rematch_ != none && level_[rematch_] <= level_[incumbent_]) rematch_ = none;
+    if (rematch_ == none) {
+      rematch_ = std::exchange(rematch_fixed_, none);
+      // What the matches before it measured counts: it may have fallen further behind.
+      if (rematch_ != none && !(behind(rematch_) <= 1 + rematch_within)) rematch_ = none;
+    }
+    if (rematch_ == incumbent_) rematch_ = none;
+    rematch_at_ = clock_;
+  }
+
   // How much slower count l ran than the incumbent: the product of the median ratios
   // of the duels from l to the incumbent, each lost to the next; infinite where the
   // losses lead elsewhere (or round in a circle).
@@ -587,9 +606,10 @@ class ResidencyExplorer {
     if (refined_ == max_refinements || levels_ == max_levels) return none;
     const std::size_t c = level_[incumbent_];
     // None won: every count compared lost to none, the fixed share's too if it was
-    // among them; trying it there anyway made the scripted `zen5_device_phases` (no
-    // residents the best, residents cheaper in phases) end over all-CPU by 2% in 1204
-    // runs of 2000 instead of 967, a phase falling on its duel.
+    // among them; a first version that tried it there too made the scripted
+    // `zen5_device_phases` (no residents the best, residents cheaper in phases) end
+    // over all-CPU by 2% in 1204 runs of 2000 (120 steps), against 966 without, a phase
+    // falling on its duel.
     if (c == 0) return none;
     // The fixed share's count first, wherever it lies below r*, if no duel has compared
     // it: a plan a user would otherwise pick is a candidate, as all-CPU is one for the
@@ -599,7 +619,12 @@ class ResidencyExplorer {
     // reached 16 in ten runs of twelve, and in the other two a duel of pairs had ranked
     // 7 over 15, so that 16 lay past the winner's neighbour and was never tried.
     // (Counts above r* are not: they may not fit.)
-    if (fixed_count_ > 0 && fixed_count_ < level_[0] && !compared(fixed_count_)) return add_level(fixed_count_);
+    if (fixed_count_ > 0 && fixed_count_ < level_[0]) {
+      const std::size_t l = level_of(fixed_count_);
+      if (l == none) return add_level(fixed_count_);
+      // r*/4, say, left out when r*/2 lost to r* and ended the search.
+      if (l != incumbent_ && lost_to_[l] == none) return ++refined_, l;
+    }
     std::size_t below = c, above = c;  // the nearest compared counts each side; c: none
     for (std::size_t l = 0; l < levels_; ++l) {
       if (level_[l] < c && (below == c || level_[l] > below)) below = level_[l];
@@ -616,9 +641,11 @@ class ResidencyExplorer {
     return add_level(gap_below >= gap_above ? below + gap_below / 2 : c + std::max<std::size_t>(1, gap_above / 3));
   }
 
-  bool compared(std::size_t count) const noexcept {
-    return std::find(level_.begin(), level_.begin() + static_cast<std::ptrdiff_t>(levels_), count) !=
-           level_.begin() + static_cast<std::ptrdiff_t>(levels_);
+  // The level of a resident count; none if it is not among them.
+  std::size_t level_of(std::size_t count) const noexcept {
+    for (std::size_t l = 0; l < levels_; ++l)
+      if (level_[l] == count) return l;
+    return none;
   }
 
   // A count of the refinement, added to the levels.

@@ -39,6 +39,19 @@ ResidentRun slice_residents(const ResidentRun& r, int from, int to) {
   return out;
 }
 
+// The counts compared, in the order `ResidencyExplorer::levels` lists them.
+std::vector<std::size_t> levels_of(const ResidencyExplorer& e) { return {e.levels().begin(), e.levels().end()}; }
+
+// The most steps in a row that @p residents ran as a challenger (explored): a block's six.
+int longest_explored(const ResidentRun& r, std::size_t residents) {
+  int longest = 0, streak = 0;
+  for (std::size_t i = 0; i < r.residents.size(); ++i) {
+    streak = r.residents[i] == residents && r.explored[i] ? streak + 1 : 0;
+    longest = std::max(longest, streak);
+  }
+  return longest;
+}
+
 int steps_with(const ResidentRun& r, std::size_t residents, int from = 0) {
   int n = 0;
   for (std::size_t i = static_cast<std::size_t>(from); i < r.residents.size(); ++i) n += r.residents[i] == residents;
@@ -84,7 +97,7 @@ TEST_CASE("the model right: residents help, and the policy keeps the model's cou
   CHECK(steps_with(search, 12) == 3);
   CHECK(run.mean(150, 300) <= 1.02 * t(16, 0));
   const ResidencyExplorer& e = explorer_of(run);
-  CHECK(std::vector<std::size_t>(e.levels().begin(), e.levels().end()) == std::vector<std::size_t>{16, 8, 4, 0, 12});
+  CHECK(levels_of(e) == std::vector<std::size_t>{16, 8, 4, 0, 12});
   // Without the fixed share, the halving rule's two: 12, then 14 (1.22x).
   ResidentThenStride halving;
   halving.fixed_share.fraction = 0;
@@ -92,7 +105,7 @@ TEST_CASE("the model right: residents help, and the policy keeps the model's cou
   CHECK(steps_with(plain, 4) == 0);
   CHECK(steps_with(slice_residents(plain, 0, 100), 14) == 3);
   const ResidencyExplorer& h = explorer_of(plain);
-  CHECK(std::vector<std::size_t>(h.levels().begin(), h.levels().end()) == std::vector<std::size_t>{16, 8, 4, 0, 12, 14});
+  CHECK(levels_of(h) == std::vector<std::size_t>{16, 8, 4, 0, 12, 14});
   CHECK_FALSE(e.searching());
   CHECK(e.residents() == 16);
 }
@@ -135,7 +148,7 @@ TEST_CASE("a count between two compared ones is the best: the refinement reaches
   // 6 beats 0; 3 beats 6; 1 loses to 3, ending the search; then 4, up the wider gap,
   // beats 3; 5, between 4 and 6, loses; the gaps are one.
   const ResidencyExplorer& e = explorer_of(run);
-  CHECK(std::vector<std::size_t>(e.levels().begin(), e.levels().end()) == std::vector<std::size_t>{6, 3, 1, 0, 4, 5});
+  CHECK(levels_of(e) == std::vector<std::size_t>{6, 3, 1, 0, 4, 5});
   CHECK(e.residents() == 4);
   CHECK(settled_residents(run, 4) <= 60);
   CHECK(run.mean(150, 300) <= 1.02 * zen5_link06_truth[4]);
@@ -179,7 +192,7 @@ TEST_CASE("the model chose 7 and 4 is the best: the refinement reaches it, a thi
     const ResidentRun run = drive_resident(policy, sc, 300);
     CHECK(run.residents[0] == 7);
     const ResidencyExplorer& e = explorer_of(run);
-    CHECK(std::vector<std::size_t>(e.levels().begin(), e.levels().end()) == std::vector<std::size_t>{7, 3, 1, 0, 4, 5});
+    CHECK(levels_of(e) == std::vector<std::size_t>{7, 3, 1, 0, 4, 5});
     CHECK(e.residents() == 4);
     CHECK(settled_residents(run, 4) <= 80);
     CHECK(run.mean(150, 300) <= 1.02 * truth[4]);
@@ -200,7 +213,7 @@ TEST_CASE("64 subgroups, the step sharp around the fixed share's count: the refi
   // 30 beats none, 15 beats 30, 7 loses to 15 and ends the search; 16, between 7 and
   // 30, beats 15; 20 loses to it.
   const ResidencyExplorer& e = explorer_of(run);
-  CHECK(std::vector<std::size_t>(e.levels().begin(), e.levels().end()) == std::vector<std::size_t>{30, 15, 7, 0, 16, 20});
+  CHECK(levels_of(e) == std::vector<std::size_t>{30, 15, 7, 0, 16, 20});
   CHECK(e.residents() == 16);
   CHECK(run.mean(150, 300) <= 1.02 * truth(16));
   // Without the fixed share the refinement tries 20 and 11, and stays on 15, 5% slow.
@@ -208,7 +221,7 @@ TEST_CASE("64 subgroups, the step sharp around the fixed share's count: the refi
   halving.fixed_share.fraction = 0;
   const ResidentRun without = drive_resident(halving, sc, 300);
   const ResidencyExplorer& h = explorer_of(without);
-  CHECK(std::vector<std::size_t>(h.levels().begin(), h.levels().end()) == std::vector<std::size_t>{30, 15, 7, 0, 20, 11});
+  CHECK(levels_of(h) == std::vector<std::size_t>{30, 15, 7, 0, 20, 11});
   CHECK(h.residents() == 15);
   CHECK(without.mean(150, 300) >= 1.04 * truth(16));
 }
@@ -246,7 +259,7 @@ TEST_CASE("the fixed share's count lost its duel of pairs narrowly, and is neith
                             }};
   const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 300);
   const ResidencyExplorer& e = explorer_of(run);
-  CHECK(std::vector<std::size_t>(e.levels().begin(), e.levels().end()) == std::vector<std::size_t>{6, 3, 1, 0, 4, 2});
+  CHECK(levels_of(e) == std::vector<std::size_t>{6, 3, 1, 0, 4, 2});
   REQUIRE(run.residents[60] == 2);  // the search's winner
   CHECK(e.residents() == 4);
   CHECK(steps_with(run, 2, 120) == 0);
@@ -254,12 +267,7 @@ TEST_CASE("the fixed share's count lost its duel of pairs narrowly, and is neith
   // 3's block came first, then 4's two.
   const ResidentRun after = slice_residents(run, 60, 120);
   CHECK(steps_with(after, 3) == 6);
-  int longest_four = 0, streak = 0;
-  for (std::size_t i = 0; i < after.residents.size(); ++i) {
-    streak = after.residents[i] == 4 && after.explored[i] ? streak + 1 : 0;
-    longest_four = std::max(longest_four, streak);
-  }
-  CHECK(longest_four == 6);
+  CHECK(longest_explored(after, 4) == 6);
   // Where 4 ran 12% over 2 instead, beyond `rematch_within`, it has no return match.
   const ResidentScenario slow{zen5_link06().predicted, [&](std::size_t r, std::uint32_t k, int) {
                                 return with_stride(r == 4 ? 1.12 * truth[2] : truth[r], k);
@@ -323,16 +331,11 @@ TEST_CASE("the return match: the count that came closest meets the winner in blo
   sc.pull = 0.4;
   const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 300);
   const ResidencyExplorer& e = explorer_of(run);
-  CHECK(std::vector<std::size_t>(e.levels().begin(), e.levels().end()) == std::vector<std::size_t>{6, 3, 1, 0, 4, 2});
+  CHECK(levels_of(e) == std::vector<std::size_t>{6, 3, 1, 0, 4, 2});
   CHECK(e.residents() == 4);
   CHECK(run.mean(150, 300) <= 1.02 * truth[4]);
   // The blocks: 4 ran six steps in a row, explored, twice, before it took the place.
-  int longest = 0, streak = 0;
-  for (std::size_t i = 0; i < run.residents.size(); ++i) {
-    streak = run.residents[i] == 4 && run.explored[i] ? streak + 1 : 0;
-    longest = std::max(longest, streak);
-  }
-  CHECK(longest == 6);
+  CHECK(longest_explored(run, 4) == 6);
   // Without the pull the duel itself sees 4 ahead, and no return match is needed.
   sc.pull = 0;
   const ResidentRun plain = drive_resident(ResidentThenStride{}, sc, 300);
@@ -352,7 +355,7 @@ TEST_CASE("the running count's steps rise right after the search: the count hold
   };
   const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 120);
   const ResidencyExplorer& e = explorer_of(run);
-  CHECK(std::vector<std::size_t>(e.levels().begin(), e.levels().end()) == std::vector<std::size_t>{6, 3, 1, 0, 4, 5});
+  CHECK(levels_of(e) == std::vector<std::size_t>{6, 3, 1, 0, 4, 5});
   REQUIRE(run.residents[49] == 4);
   const ResidentRun after = slice_residents(run, 50, 120);
   CHECK(steps_with(after, 3) == 6);
@@ -372,19 +375,15 @@ TEST_CASE("the count above the winner lost its duel in a slow phase: it has a re
                             }};
   const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 120);
   const ResidencyExplorer& e = explorer_of(run);
-  CHECK(std::vector<std::size_t>(e.levels().begin(), e.levels().end()) == std::vector<std::size_t>{6, 3, 1, 0, 4, 2});
+  CHECK(levels_of(e) == std::vector<std::size_t>{6, 3, 1, 0, 4, 2});
   CHECK(e.residents() == 4);
   CHECK(steps_with(run, 3, 90) == 0);
   CHECK(run.mean(60, 120) <= 1.02 * truth[4]);
   // Both return matches were blocks: 2's, lost, and 4's, won and confirmed.
-  int twos = 0, longest_four = 0, streak = 0;
-  for (std::size_t i = 0; i < run.residents.size(); ++i) {
-    twos += run.residents[i] == 2 && run.explored[i];
-    streak = run.residents[i] == 4 && run.explored[i] ? streak + 1 : 0;
-    longest_four = std::max(longest_four, streak);
-  }
+  int twos = 0;
+  for (std::size_t i = 0; i < run.residents.size(); ++i) twos += run.residents[i] == 2 && run.explored[i];
   CHECK(twos == 3 + 6);
-  CHECK(longest_four == 6);
+  CHECK(longest_explored(run, 4) == 6);
 }
 
 TEST_CASE("no residents wins the opening: the count that beats it next takes r*'s strides through no residents") {
@@ -568,7 +567,7 @@ TEST_CASE("small counts: r* of 1, 2 and 3 compare what they can") {
     };
     const ResidentRun run = drive_resident(ResidentThenStride{}, ResidentScenario{t, [&](std::size_t r, std::uint32_t k, int) { return t(r, k); }}, 200);
     const ResidencyExplorer& e = explorer_of(run);
-    const std::vector<std::size_t> levels(e.levels().begin(), e.levels().end());
+    const std::vector<std::size_t> levels = levels_of(e);
     // (3 then refines to 2, halfway to 1; 2 has no count between.)
     const std::vector<std::vector<std::size_t>> want{{1, 0}, {2, 1, 0}, {3, 1, 0, 2}};
     CHECK(levels == want[best - 1]);

@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 #include <dos/memory/host_resource.hpp>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -55,6 +57,66 @@ TEST_CASE("a bad alignment is rejected") {
 
 // The caller's memory moved onto huge pages: the contents keep every bit, only whole
 // 2 MiB pages inside the range are touched, and what cannot move is left alone.
+// The union of the caller's ranges, as the collapse sees it: every byte of every range
+// lies in exactly one merged range, the merged ranges are sorted and further apart than
+// the gap, and nothing outside the ranges and their small gaps is added.
+TEST_CASE("merge_ranges joins what overlaps or nearly touches, and only that") {
+  std::mt19937 rng(5);
+  alignas(64) static std::byte arena[1 << 16];
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::size_t gap = trial % 2 == 0 ? 0 : 64;
+    std::vector<dos::HostRange> in;
+    const int n = static_cast<int>(rng() % 12);
+    for (int i = 0; i < n; ++i) {
+      const std::size_t at = rng() % (sizeof arena - 4096), bytes = rng() % 4096;
+      in.push_back({arena + at, bytes});
+    }
+    const std::vector<dos::HostRange> out = dos::merge_ranges(in, gap);
+    const auto addr = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
+    for (std::size_t j = 0; j + 1 < out.size(); ++j)
+      CHECK(addr(out[j].data) + out[j].bytes + gap < addr(out[j + 1].data));
+    std::size_t covered_in = 0, covered_out = 0, doubly = 0, lost = 0;
+    for (std::size_t b = 0; b < sizeof arena; ++b) {
+      const std::uintptr_t x = addr(arena + b);
+      const auto inside = [&](const dos::HostRange& r) { return addr(r.data) <= x && x < addr(r.data) + r.bytes; };
+      const bool in_any = std::any_of(in.begin(), in.end(), inside);
+      const auto hits = static_cast<std::size_t>(std::count_if(out.begin(), out.end(), inside));
+      doubly += hits > 1;
+      lost += in_any && hits == 0;
+      covered_in += in_any;
+      covered_out += hits;
+    }
+    CHECK(doubly == 0);
+    CHECK(lost == 0);
+    // What merging adds is the gaps it bridged: at most `gap` bytes per join.
+    CHECK(covered_out >= covered_in);
+    CHECK(covered_out - covered_in <= gap * in.size());
+    for (const dos::HostRange& r : out) CHECK(r.bytes > 0);
+  }
+  CHECK(dos::merge_ranges({{nullptr, 64}, {arena, 0}}, 4096).empty());
+}
+
+// A flat buffer passed as views that are not 2 MiB aligned: collapsed view by view, a
+// 4 MiB view holds one whole huge page; the union of the views holds nearly all.
+TEST_CASE("views of one buffer are collapsed as the buffer they form") {
+  constexpr std::size_t page = std::size_t{2} << 20, view = 2 * page;
+  std::vector<std::uint32_t> data((8 * view + 2 * page) / 4);
+  std::mt19937 rng(3);
+  for (auto& x : data) x = static_cast<std::uint32_t>(rng());
+  const std::vector<std::uint32_t> before = data;
+  // Start one 4 KiB page past a 2 MiB boundary, so no view is aligned.
+  const auto at = reinterpret_cast<std::uintptr_t>(data.data());
+  auto* first = reinterpret_cast<std::byte*>((at + page - 1) / page * page + 4096);
+  std::vector<dos::HostRange> views;
+  for (std::size_t i = 0; i < 8; ++i) views.push_back({first + i * view, view});
+  const std::size_t moved = dos::collapse_to_huge_pages(views);
+  CHECK(data == before);
+  CHECK(moved % page == 0);
+  // The union [first, first + 8 views) holds 15 whole pages; the views one by one, 8.
+  // Where the kernel collapses nothing (no free huge page, no MADV_COLLAPSE), 0.
+  if (moved > 0) CHECK(moved == 15 * page);
+}
+
 TEST_CASE("collapsing the caller's memory onto huge pages keeps its contents") {
   CHECK(dos::collapse_to_huge_pages(nullptr, 8 << 20) == 0);
   std::vector<std::uint32_t> small(1000, 7u);

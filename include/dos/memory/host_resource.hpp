@@ -6,6 +6,7 @@
 
 #include "dos/error.hpp"
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include <new>
 #include <span>
 #include <utility>
+#include <vector>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -58,6 +60,46 @@ inline std::size_t collapse_to_huge_pages(const void* p, std::size_t bytes) noex
   (void)bytes;
   return 0;
 #endif
+}
+
+/// @brief A range of the caller's host memory, [data, data + bytes).
+struct HostRange {
+  const void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+/// @brief @p ranges sorted by address, with those that overlap or lie within
+///        @p max_gap bytes of each other joined into one (empty ones dropped).
+inline std::vector<HostRange> merge_ranges(std::vector<HostRange> ranges, std::size_t max_gap) {
+  const auto begin = [](const HostRange& r) { return reinterpret_cast<std::uintptr_t>(r.data); };
+  std::erase_if(ranges, [](const HostRange& r) { return r.data == nullptr || r.bytes == 0; });
+  std::sort(ranges.begin(), ranges.end(), [&](const HostRange& a, const HostRange& b) { return begin(a) < begin(b); });
+  std::vector<HostRange> out;
+  for (const HostRange& r : ranges) {
+    if (!out.empty()) {
+      HostRange& last = out.back();
+      const std::uintptr_t end = begin(last) + last.bytes;
+      if (begin(r) <= end + max_gap) {
+        last.bytes = std::max(end, begin(r) + r.bytes) - begin(last);
+        continue;
+      }
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
+/// @brief `collapse_to_huge_pages` over the union of @p ranges. Views of one flat
+///        buffer lie end to end, and a view alone holds fewer whole 2 MiB pages than
+///        the buffer: a 4 MiB view that is not 2 MiB aligned holds one, so collapsing
+///        view by view left half of such a buffer on 4 KiB pages. Ranges less than a
+///        4 KiB page apart are joined, so the memory collapsed beyond the caller's
+///        own is at most the allocator's headers between its tensors.
+/// @return the bytes now on huge pages as far as the kernel reported success.
+inline std::size_t collapse_to_huge_pages(std::vector<HostRange> ranges) {
+  std::size_t moved = 0;
+  for (const HostRange& r : merge_ranges(std::move(ranges), 4096)) moved += collapse_to_huge_pages(r.data, r.bytes);
+  return moved;
 }
 
 /// @brief Aligned host memory. With `huge_pages`, large blocks are 2 MiB aligned and

@@ -97,15 +97,16 @@ class ParamTable {
   ///        onto huge pages (`collapse_to_huge_pages`); device views and absent gradients
   ///        are left alone. @return the bytes moved.
   std::size_t collapse_host_pages() const {
-    std::size_t moved = 0;
+    // All at once: views of one flat buffer are collapsed as the one range they form.
+    std::vector<HostRange> ranges;
     for (std::size_t i = 0; i < size(); ++i) {
       if (on_device(i)) continue;
       const TensorView v = source_->value(i);
-      moved += collapse_to_huge_pages(v.data, v.numel * dtype_size(v.dtype));
+      ranges.push_back({v.data, v.numel * dtype_size(v.dtype)});
       const ConstTensorView g = source_->grad(i);
-      if (g.device == Device::host && !g.is_absent()) moved += collapse_to_huge_pages(g.data, g.numel * dtype_size(g.dtype));
+      if (g.device == Device::host && !g.is_absent()) ranges.push_back({g.data, g.numel * dtype_size(g.dtype)});
     }
-    return moved;
+    return collapse_to_huge_pages(std::move(ranges));
   }
 
   std::size_t size() const noexcept { return records_.size(); }

@@ -33,7 +33,12 @@
 //               machine changed during the run, and a policy choosing from what it
 //               measured meets the bounds only by running other plans again in time
 //
-// and the table gives their median and worst over the runs, with the steps the
+// The emulated device's streams run on a CPU of their own and the contenders' CPU side
+// on the others (device_cpus.hpp; DOS_BENCH_PIN=0 leaves both to the OS): unpinned, the
+// OS sometimes ran a contender's device Adam on the CPU side's core for its whole life,
+// and copies of one plan read 0.87-1.13x each other (bench_moves, 2026-12-06).
+//
+// The table gives their median and worst over the runs, with the steps the
 // automatic policy took to settle (its last exploration of a candidate it had not
 // measured enough). Targets (issue 11): auto/best <= 1.05 and auto/cpu <= 1.02, and the
 // same for rts/best and rts/cpu. A step's time is the whole step() call, so that the
@@ -48,6 +53,8 @@
 // step), each of its steps over the same plan's fixed contender, resident_then_stride's
 // residents and k step by step (r9k3E: 9 resident, k = 3, explored), its update times as
 // it measured them (without the moves), and the late medians.
+
+#include "device_cpus.hpp"
 
 #include <dos/optimizer.hpp>
 
@@ -367,8 +374,9 @@ int main(int argc, char** argv) {
   std::vector<bool> copies_at;  // per size, decided (and said) once
   for (const double size : s.sizes) copies_at.push_back(stride_copies_fit(s, elements_of(size)));
   bool met = true, rts_met = true;
+  const std::vector<int> device = bench::device_cpus();
   for (const double link : s.links) {
-    const dos::EmulatedLink m = dos::emulated_link(link);
+    const dos::EmulatedLink m = dos::emulated_link(link, device);
     for (std::size_t z = 0; z < s.sizes.size(); ++z) {
       const double size = s.sizes[z];
       const std::size_t elements = elements_of(size);

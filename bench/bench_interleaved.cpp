@@ -18,6 +18,8 @@
 // (the report runs each policy five times, in a random order, and takes medians)
 
 #include <benchmark/benchmark.h>
+#include "device_cpus.hpp"
+
 #include <dos/optimizer.hpp>
 
 #include <fmt/core.h>
@@ -43,7 +45,7 @@ double link_ratio() {
 }
 
 const dos::EmulatedLink& machine() {
-  static const dos::EmulatedLink m = dos::emulated_link(link_ratio());
+  static const dos::EmulatedLink m = dos::emulated_link(link_ratio(), bench::device_cpus(stderr));
   return m;
 }
 

@@ -10,6 +10,8 @@
 //
 //   build/release/bench/bench_moves [link=0.6] [runs=5]
 
+#include "device_cpus.hpp"
+
 #include <dos/optimizer.hpp>
 
 #include <fmt/core.h>
@@ -58,7 +60,7 @@ int main(int argc, char** argv) {
   constexpr std::size_t elements = 16 * kSubgroup;
   std::vector<float> grad(elements);
   for (std::size_t i = 0; i < elements; ++i) grad[i] = 1e-3f * static_cast<float>((i * 2654435761u) % 1000) - 0.5f;
-  const dos::EmulatedLink m = dos::emulated_link(link);
+  const dos::EmulatedLink m = dos::emulated_link(link, bench::device_cpus());
   fmt::print("link {}, {} runs of {} steps (the mover moves in the first {}); medians of paired ratios over the last {}\n",
              link, runs, kSteps, kMoving, kSteps - kMoving);
   for (int run = 0; run < runs; ++run) {

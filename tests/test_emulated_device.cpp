@@ -13,8 +13,15 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
+
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
 
 using namespace dos;
 using Clock = std::chrono::steady_clock;
@@ -30,6 +37,69 @@ TEST_CASE("constructible with defaults; reports its memory") {
   CHECK(small.staging_bytes_available() == 900);
   CHECK_THROWS_AS(DeviceBuffer<emulated::DeviceMemory>(2000, small.device_memory()), std::bad_alloc);
 }
+
+#if defined(__linux__)
+// The CPUs a stream's thread may run on, read back from the thread itself.
+static std::vector<int> affinity_of(EmulatedDeviceBackend::Stream& s) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(pthread_getaffinity_np(s.worker()->native_handle(), sizeof set, &set) == 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+TEST_CASE("streams run on the CPUs the config names, and a CPU they cannot use is refused") {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  REQUIRE(sched_getaffinity(0, sizeof mine, &mine) == 0);
+  std::vector<int> allowed;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &mine)) allowed.push_back(c);
+  // Each allowed CPU alone, then all of them: every stream of the backend lands there
+  // and still does its work.
+  std::vector<std::vector<int>> sets;
+  for (const int c : allowed) sets.push_back({c});
+  sets.push_back(allowed);
+  for (const std::vector<int>& cpus : sets) {
+    EmulatedDeviceBackend b({}, {.cpus = cpus});
+    auto s1 = b.make_stream();
+    auto s2 = b.make_stream();
+    CHECK(affinity_of(s1) == cpus);
+    CHECK(affinity_of(s2) == cpus);
+    DeviceBuffer<emulated::DeviceMemory> buf(4, b.device_memory());
+    const std::int32_t in = 42;
+    std::int32_t out = 0;
+    b.copy_h2d(buf.data(), &in, 4, s1);
+    b.synchronize(s1);
+    b.copy_d2h(&out, buf.data(), 4, s2);
+    b.synchronize(s2);
+    CHECK(out == 42);
+  }
+  // Unpinned: the thread keeps the mask it was born with.
+  EmulatedDeviceBackend free;
+  auto s = free.make_stream();
+  CHECK(affinity_of(s) == allowed);
+  // No such CPU, or one outside this process's set: the stream is refused with a
+  // message naming the CPU.
+  int outside = -1;
+  for (int c = 0; c < CPU_SETSIZE && outside < 0; ++c)
+    if (!CPU_ISSET(c, &mine)) outside = c;
+  std::vector<int> bad_cpus{-1, CPU_SETSIZE};
+  if (outside >= 0) bad_cpus.push_back(outside);
+  for (const int bad : bad_cpus) {
+    EmulatedDeviceBackend b({}, {.cpus = {bad}});
+    try {
+      (void)b.make_stream();
+      FAIL("a stream was made on CPU ", bad);
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()).find(std::to_string(bad)) != std::string::npos);
+      CHECK(std::string(e.what()).find("EmulatedDeviceConfig::cpus") != std::string::npos);
+    }
+  }
+}
+#endif
 
 TEST_CASE("device memory arrives as NaN, and discard poisons it again") {
   EmulatedDeviceBackend b;

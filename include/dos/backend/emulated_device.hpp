@@ -29,6 +29,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cerrno>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -36,6 +37,13 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <fmt/ranges.h>
+
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
 
 namespace dos {
 
@@ -54,6 +62,14 @@ struct EmulatedDeviceConfig {
   /// `register_host` refuses every range (returns false), as cudaHostRegister does
   /// where pinning is not allowed, so the engine's pinned staging can be tested.
   bool refuse_registration = false;
+  /// The CPUs the streams' threads run on; empty: wherever the OS puts them. A real
+  /// device computes on its own silicon, an emulated one on the host's cores, beside
+  /// the CPU executor. Unpinned on a 2-vCPU VM, the OS now and then ran a stream's Adam
+  /// on the executor's core, and kept doing so for as long as that optimizer lived:
+  /// copies of one plan read up to 30% apart (docs/design.md, "The emulated device's
+  /// threads"). Give the streams CPUs the executor does not use, and keep the
+  /// executor's threads off them (its `CpuConfig::cpus`, or the caller's own mask).
+  std::vector<int> cpus{};
 };
 
 namespace emulated {
@@ -188,17 +204,36 @@ class Worker {
  public:
   static constexpr std::size_t capacity = 4096;
 
-  Worker(double device_rate, SimdLevel simd) : device_rate_(device_rate), simd_(simd), thread_([this] { run(); }) {}
+  /// @param cpus where the thread runs (empty: anywhere).
+  /// @throws std::invalid_argument when the thread cannot be kept on @p cpus (a CPU
+  ///         outside this process's allowed set).
+  Worker(double device_rate, SimdLevel simd, const std::vector<int>& cpus = {})
+      : device_rate_(device_rate), simd_(simd), cpus_(cpus), thread_([this] { run(); }) {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return started_; });
+    if (pin_error_ == 0) return;
+    // The thread runs but is not where it was asked to be: stop it, then say why.
+    stop_ = true;
+    lock.unlock();
+    changed_.notify_all();
+    thread_.join();
+    throw_invalid_argument("EmulatedDeviceConfig::cpus: cannot run a stream's thread on CPU(s) {}: error {} "
+                           "(a CPU outside this process's allowed set?)",
+                           fmt::join(cpus_, ","), pin_error_);
+  }
   ~Worker() {
     {
       std::lock_guard lock(mutex_);
       stop_ = true;
     }
     changed_.notify_all();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
   }
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
+
+  /// @brief The thread that runs the queue (tests read its affinity).
+  std::thread::native_handle_type native_handle() { return thread_.native_handle(); }
 
   /// @brief Queues @p t; returns its ticket (for `wait`).
   std::uint64_t push(const Task& t) {
@@ -225,6 +260,13 @@ class Worker {
 
  private:
   void run() {
+    {
+      const int error = pin_self();
+      std::lock_guard lock(mutex_);
+      pin_error_ = error;
+      started_ = true;
+    }
+    changed_.notify_all();
     for (;;) {
       Task t;
       {
@@ -240,6 +282,22 @@ class Worker {
       }
       changed_.notify_all();
     }
+  }
+
+  // Keeps the calling thread on cpus_; the error number, or 0.
+  int pin_self() const noexcept {
+#if defined(__linux__)
+    if (cpus_.empty()) return 0;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (const int c : cpus_) {
+      if (c < 0 || c >= CPU_SETSIZE) return EINVAL;
+      CPU_SET(c, &set);
+    }
+    return pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+#else
+    return 0;  // advice only where threads cannot be pinned
+#endif
   }
 
   void execute(const Task& t) {
@@ -279,10 +337,13 @@ class Worker {
 
   double device_rate_;
   SimdLevel simd_;
+  std::vector<int> cpus_;
   std::array<Task, capacity> ring_{};
   std::uint64_t issued_ = 0;
   std::uint64_t finished_ = 0;
   bool stop_ = false;
+  bool started_ = false;  // the thread has pinned itself (or failed to: pin_error_)
+  int pin_error_ = 0;
   std::mutex mutex_;
   std::condition_variable changed_;
   std::thread thread_;  // last: starts after everything it uses exists
@@ -308,7 +369,8 @@ class EmulatedDeviceBackend {
 
    private:
     friend class EmulatedDeviceBackend;
-    Stream(double rate, SimdLevel simd) : worker_(std::make_unique<emulated::Worker>(rate, simd)) {}
+    Stream(double rate, SimdLevel simd, const std::vector<int>& cpus)
+        : worker_(std::make_unique<emulated::Worker>(rate, simd, cpus)) {}
     std::unique_ptr<emulated::Worker> worker_;
   };
   /// @brief A CUDA-like event; move-only.
@@ -332,7 +394,8 @@ class EmulatedDeviceBackend {
   emulated::PinnedMemory& pinned_memory() noexcept { return pinned_; }
   const Config& config() const noexcept { return config_; }
 
-  Stream make_stream() const { return Stream(config_.device_rate, device_simd_); }
+  /// @throws std::invalid_argument when `Config::cpus` names a CPU its thread cannot run on.
+  Stream make_stream() const { return Stream(config_.device_rate, device_simd_, config_.cpus); }
   Event make_event() const { return Event(0); }
 
   void copy_h2d(void* dst, const void* src, std::size_t bytes, Stream& s) {

@@ -13,6 +13,8 @@
 #include "dos/error.hpp"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 namespace dos {
 
@@ -24,12 +26,17 @@ struct EmulatedLink {
 
 /// @brief Measures this machine (one CPU thread; the emulated device's streams run on
 ///        another) and throttles the emulated link to @p ratio times the CPU's rate.
-/// @throws std::invalid_argument unless @p ratio is positive and finite.
-inline EmulatedLink emulated_link(double ratio) {
+/// @param device_cpus where the device's streams run (`EmulatedDeviceConfig::cpus`),
+///        in the calibration and in the returned config; empty: wherever the OS puts
+///        them. The calling thread runs the CPU side: keep it off these CPUs.
+/// @throws std::invalid_argument unless @p ratio is positive and finite, or when a
+///         stream cannot run on @p device_cpus.
+inline EmulatedLink emulated_link(double ratio, std::vector<int> device_cpus = {}) {
   if (!(ratio > 0 && ratio < 1e300)) throw_invalid_argument("emulated_link ratio must be positive, got {}", ratio);
   EmulatedLink out;
+  out.device.cpus = std::move(device_cpus);
   cpu::CpuAdamExecutor cpu({.threads = 1});
-  EmulatedDeviceBackend free_device({.threads = 1});
+  EmulatedDeviceBackend free_device({.threads = 1}, {.cpus = out.device.cpus});
   const HardwareProfile free = calibrate(free_device, cpu);
   // An emulated copy takes its throttled time plus the memcpy itself, so the throttle
   // is set for the sum to give the target rate.

@@ -21,6 +21,7 @@
 #include "dos/backend/device_backend.hpp"
 #include "dos/cpu/cpu_adam.hpp"
 #include "dos/cpu/simd.hpp"
+#include "dos/cpu/thread_pool.hpp"
 
 #include <algorithm>
 #include <array>
@@ -29,7 +30,6 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <cerrno>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -42,7 +42,6 @@
 
 #if defined(__linux__)
 #include <pthread.h>
-#include <sched.h>
 #endif
 
 namespace dos {
@@ -287,14 +286,7 @@ class Worker {
   // Keeps the calling thread on cpus_; the error number, or 0.
   int pin_self() const noexcept {
 #if defined(__linux__)
-    if (cpus_.empty()) return 0;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    for (const int c : cpus_) {
-      if (c < 0 || c >= CPU_SETSIZE) return EINVAL;
-      CPU_SET(c, &set);
-    }
-    return pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    return cpus_.empty() ? 0 : pin_thread(pthread_self(), cpus_);
 #else
     return 0;  // advice only where threads cannot be pinned
 #endif

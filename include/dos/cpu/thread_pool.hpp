@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -62,6 +63,21 @@ inline unsigned threads_for_rank(int local_ranks) noexcept {
 #endif
   return std::max(1u, mine / static_cast<unsigned>(local_ranks));
 }
+
+#if defined(__linux__)
+/// @brief Keeps @p thread on @p cpus (all of them, as one set); the error number of
+///        `pthread_setaffinity_np`, EINVAL for a CPU outside [0, CPU_SETSIZE), or 0.
+///        What `ThreadPool` and the emulated device's streams pin with.
+inline int pin_thread(pthread_t thread, const std::vector<int>& cpus) noexcept {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (const int c : cpus) {
+    if (c < 0 || c >= CPU_SETSIZE) return EINVAL;
+    CPU_SET(c, &set);
+  }
+  return pthread_setaffinity_np(thread, sizeof set, &set);
+}
+#endif
 
 /// @brief A fixed set of threads that run `parallel_for` loops together.
 class ThreadPool {
@@ -207,13 +223,9 @@ class ThreadPool {
 
 #if defined(__linux__)
   static void pin(pthread_t thread, const std::vector<int>& cpus) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    for (const int c : cpus) {
+    for (const int c : cpus)
       if (c < 0 || c >= CPU_SETSIZE) throw_invalid_argument("cannot pin a CPU thread to CPU {}: no such CPU", c);
-      CPU_SET(c, &set);
-    }
-    if (const int e = pthread_setaffinity_np(thread, sizeof set, &set); e != 0)
+    if (const int e = pin_thread(thread, cpus); e != 0)
       throw_invalid_argument("cannot pin a CPU thread to CPU(s) {}{}: error {} (outside this process's affinity mask?)",
                              cpus.front(), cpus.size() > 1 ? " and others" : "", e);
   }

@@ -203,6 +203,8 @@ class Worker {
  public:
   static constexpr std::size_t capacity = 4096;
 
+  /// @param device_rate Adam parameters/s the stream's launches are throttled to (0: as fast as it goes).
+  /// @param simd the kernel family its Adam runs.
   /// @param cpus where the thread runs (empty: anywhere).
   /// @throws std::invalid_argument when the thread cannot be kept on @p cpus (a CPU
   ///         outside this process's allowed set).

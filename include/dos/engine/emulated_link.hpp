@@ -26,6 +26,7 @@ struct EmulatedLink {
 
 /// @brief Measures this machine (one CPU thread; the emulated device's streams run on
 ///        another) and throttles the emulated link to @p ratio times the CPU's rate.
+/// @param ratio the link's rate over the CPU's one-thread Adam rate, in parameters/s.
 /// @param device_cpus where the device's streams run (`EmulatedDeviceConfig::cpus`),
 ///        in the calibration and in the returned config; empty: wherever the OS puts
 ///        them. The calling thread runs the CPU side: keep it off these CPUs.

@@ -313,6 +313,37 @@ TEST_CASE("duels: a candidate whose sweep steps were all slow gets its playoff, 
   CHECK(r.reckless == 0);
 }
 
+TEST_CASE("duels: a playoff won judges the playoffs still due again, against the winner") {
+  // The scripted Xeon machine's strides (xeon_16m), without noise but for k = 8's sweep
+  // steps, 1.3x slow: 7 leads after the sweep, and the playoffs drawn against it are
+  // all-CPU's, 6's, 8's (its fastest 1.16, within `close` of 7's 0.967) and 5's (1.18).
+  // 8 wins its playoff; 5 runs 1.32x 8's time, far from `close` of it, and its playoff
+  // would only cost its steps: it is dropped. All-CPU keeps its own, whatever it ran.
+  const std::vector<double> truth{1.0, 4.24, 2.25, 1.73, 1.235, 1.18, 0.97, 0.967, 0.895};
+  const std::vector<double> predicted{1.0, 3.6, 1.9, 1.5, 1.1, 1.1, 0.92, 0.92, 0.88};
+  constexpr int sweep = 27;
+  int slow_steps_of_8 = 0;
+  const Scenario sc{predicted, [&](std::uint32_t k, int step) {
+                      const bool slow = k == 8 && step < sweep;
+                      slow_steps_of_8 += slow;
+                      return truth[k] * (slow ? 1.3 : 1.0);
+                    }};
+  constexpr int steps = 120;
+  const Run r = drive(AutomaticStride{}, sc, steps);
+  REQUIRE(slow_steps_of_8 >= 3);  // the sweep measured it, slow, enough to trust
+  const int from = settled(r, 8);
+  CHECK(from <= 60);
+  int fives = 0, cpu = 0;
+  for (int i = sweep; i < steps; ++i) {
+    fives += r.k[static_cast<std::size_t>(i)] == 5;
+    cpu += r.k[static_cast<std::size_t>(i)] == 0;
+  }
+  CHECK(fives == 0);
+  CHECK(cpu >= 4);  // all-CPU's playoff, four pairs
+  CHECK(r.mean(steps / 2, steps) <= 1.02 * truth[8]);
+  CHECK(r.reckless == 0);
+}
+
 TEST_CASE("duels: all-CPU gets its playoff even when its sweep steps were far slower than the winner's") {
   // What bench_automatic met on the Zen 5 VM: the first steps of a run are the
   // slowest, and all-CPU's sweep step fell there (2.4x its later time) while the

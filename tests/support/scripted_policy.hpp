@@ -212,7 +212,7 @@ struct StepNoise {
 // A machine whose all-CPU steps and streaming steps are noisy each in their own way,
 // by seed; measured against k = 8.
 inline Noisy split_noise(std::uint64_t seed, int steps, const std::vector<double>& truth,
-                         const std::vector<double>& predicted, StepNoise cpu_noise, StepNoise streaming_noise) {
+                         const std::vector<double>& predicted, StepNoise on_cpu, StepNoise on_streaming) {
   Rng rng(seed);
   std::vector<double> cpu(static_cast<std::size_t>(steps)), streaming(cpu.size());
   const auto draw = [&rng](const StepNoise& n) {
@@ -221,8 +221,8 @@ inline Noisy split_noise(std::uint64_t seed, int steps, const std::vector<double
     return f;
   };
   for (std::size_t i = 0; i < cpu.size(); ++i) {
-    cpu[i] = draw(cpu_noise);
-    streaming[i] = draw(streaming_noise);
+    cpu[i] = draw(on_cpu);
+    streaming[i] = draw(on_streaming);
   }
   Noisy n{{predicted,
            [truth, cpu, streaming](std::uint32_t k, int step) {

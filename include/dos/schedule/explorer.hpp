@@ -225,8 +225,8 @@ struct ExploreSettings {
 ///   or, over inherited records (`inherit`), beat it by the margin (they were scaled
 ///   from another residency, where streaming cost otherwise; within `close` again
 ///   where `inherit` was asked to play off the near ones);
-///   fastest first (all-CPU first instead delayed settling on noisy machines); a
-///   playoff or challenge won judges those still due again, against the winner, and
+///   fastest first (all-CPU first instead delayed settling on noisy machines); any
+///   duel won judges those still due again, against the winner, and
 ///   drops those no longer near it by the same bar (all-CPU keeps its own);
 /// - *challenges*, by a candidate whose fastest kept step (a re-check refreshes it)
 ///   beat the incumbent's by more than the margin, all-CPU first (it is what the
@@ -644,8 +644,8 @@ class StrideExplorer {
   // Judged when drawn, and again whenever a duel puts a new incumbent in place: those
   // near only the one it beat would cost their steps for nothing. On the scripted Xeon
   // machine (tests/support/scripted_policy.hpp, `xeon_16m`), k = 8 won its place from
-  // 6 or 7 in the playoffs, then defended it against 4 and 5, drawn against 6 and
-  // 1.38x k = 8's time: up to 16 of the 60 steps of the late half. Over 2000 seeds of
+  // 6 or 7 in the playoffs, then defended it against 4 and 5, drawn against that
+  // incumbent and 1.38x k = 8's time: up to 16 of the 60 steps of the late half. Over 2000 seeds of
   // 120 steps, 68 runs came out more than 2% over k = 8 and 14 more than 5%; judged
   // again, 17 and 3 (tests/explorer_seeds).
   bool worth_a_playoff(std::uint32_t k) const noexcept {

@@ -349,7 +349,7 @@ class StrideExplorer {
     if (duel_ != none && !within_reach(duel_, reach)) finish_duel(false);
     const bool swept = clock_ > sweep_end_;
     if (swept && incumbent_ < records_.size() && records_[incumbent_].feasible) {
-      if (!playoffs_drawn_) draw_playoffs(s);
+      if (!playoffs_drawn_) draw_playoffs();
       if (duel_ == none) next_duel(reach);
       best = incumbent_;
     }
@@ -633,23 +633,24 @@ class StrideExplorer {
   // residents, which streamed nothing in its duel), nothing says whether streaming
   // costs more or less here than where it was measured, and the near strides are
   // played off as after a sweep.
-  void draw_playoffs(const ExploreSettings& s) {
+  void draw_playoffs() {
     playoffs_drawn_ = true;
-    playoff_bar_ = inherited_ && !play_off_near_ ? 1 - duel_margin : 1 + s.close;
     for (std::uint32_t k = 0; k < records_.size(); ++k) records_[k].dueled = !(records_[k].kept > 0 && worth_a_playoff(k));
   }
 
   // Whether candidate k is near enough the incumbent for a playoff: all-CPU always,
-  // the others by their fastest step against the incumbent's, under the bar drawn.
-  // Judged when drawn, and again whenever a duel puts a new incumbent in place: those
-  // near only the one it beat would cost their steps for nothing. On the scripted Xeon
-  // machine (tests/support/scripted_policy.hpp, `xeon_16m`), k = 8 won its place from
-  // 6 or 7 in the playoffs, then defended it against 4 and 5, drawn against that
-  // incumbent and 1.38x k = 8's time: up to 16 of the 60 steps of the late half. Over 2000 seeds of
-  // 120 steps, 68 runs came out more than 2% over k = 8 and 14 more than 5%; judged
+  // the others by their fastest step against the incumbent's (within `close`, or
+  // beating it by the margin over inherited records: see above). Judged when drawn,
+  // and again whenever a duel puts a new incumbent in place: those near only the one
+  // it beat would cost their steps for nothing. On the scripted Xeon machine
+  // (tests/support/scripted_policy.hpp, `xeon_16m`), k = 8 won its place from 6 or 7
+  // in the playoffs, then defended it against 4 and 5, drawn against that incumbent
+  // and 1.38x k = 8's time: up to 16 of the 60 steps of the late half. Over 2000 seeds
+  // of 120 steps, 68 runs came out more than 2% over k = 8 and 14 more than 5%; judged
   // again, 17 and 3 (tests/explorer_seeds).
   bool worth_a_playoff(std::uint32_t k) const noexcept {
-    return k == 0 || records_[k].fastest() <= playoff_bar_ * records_[incumbent_].fastest();
+    const double bar = inherited_ && !play_off_near_ ? 1 - duel_margin : 1 + close_;
+    return k == 0 || records_[k].fastest() <= bar * records_[incumbent_].fastest();
   }
 
   // Starts the next duel due, if one is (see the class comment for the order).
@@ -754,7 +755,6 @@ class StrideExplorer {
   double max_slowdown_ = 2;         // the settings' max_slowdown, as of the last choice
   double close_ = 0.25;             // the settings' close, as of the last choice
   double duel_from_ = 0;            // the challenger's fastest step before its duel
-  double playoff_bar_ = 1.25;       // a playoff's fastest step over the incumbent's, at most (draw_playoffs)
   bool duel_on_inherited_ = false;  // and whether that was an inherited one
 };
 

@@ -339,6 +339,37 @@ TEST_CASE("duels: a playoff won judges the playoffs still due again, against the
   CHECK(r.reckless == 0);
 }
 
+TEST_CASE("duels: a loser whose wait is over and whose steps beat the incumbent's challenges before the playoffs still due") {
+  // What run AM met on the Xeon VM (link 1, 16M, run 3). All-CPU leads after the sweep;
+  // k = 8, truly 8% faster, had slow sweep steps but the fastest of those near all-CPU,
+  // so its playoff comes first; there six of its eight steps run 1.3x slow, and it
+  // loses on the median though its two fast steps beat all-CPU's. The playoffs of 6, 7,
+  // 5 and 4 are still due, 4 and 5 at 1.2x all-CPU's time. k = 8's challenge, due
+  // `explore_every` steps after its loss, goes before them; once it has won, 4 and 5
+  // are no longer near the incumbent and never run.
+  const std::vector<double> truth{1.0, 4.0, 2.5, 1.8, 1.2, 1.2, 1.05, 1.05, 0.92};
+  const std::vector<double> predicted{1.0, 3.6, 2.2, 1.6, 1.1, 1.1, 0.95, 0.95, 0.9};
+  int runs_of_8 = 0, slow_playoff_steps = 0;
+  const Scenario sc{predicted, [&](std::uint32_t k, int) {
+                      if (k != 8) return truth[k];
+                      const int run = runs_of_8++;
+                      if (run < 3) return truth[8] * 1.12;  // the sweep: 1.03, near all-CPU
+                      const bool slow = run >= 3 && run < 11 && run != 3 && run != 5 && run != 9;  // the playoff: 3 of 8 fast
+                      slow_playoff_steps += slow;
+                      return truth[8] * (slow ? 1.3 : 1.0);
+                    }};
+  constexpr int steps = 120;
+  const Run r = drive(AutomaticStride{}, sc, steps);
+  REQUIRE(slow_playoff_steps == 5);  // the playoff ran as scripted, over eight pairs
+  const auto after_sweep = r.k.begin() + 24;  // the sweep's steps of 4 and 5 end before
+  REQUIRE(std::count(r.k.begin(), after_sweep, 4u) > 0);
+  CHECK(std::count(after_sweep, r.k.end(), 4u) == 0);
+  CHECK(std::count(after_sweep, r.k.end(), 5u) == 0);
+  CHECK(settled(r, 8) <= 80);
+  CHECK(r.mean(steps / 2, steps) <= 1.02 * truth[8]);
+  CHECK(r.reckless == 0);
+}
+
 TEST_CASE("duels: all-CPU gets its playoff even when its sweep steps were far slower than the winner's") {
   // What bench_automatic met on the Zen 5 VM: the first steps of a run are the
   // slowest, and all-CPU's sweep step fell there (2.4x its later time) while the

@@ -216,6 +216,9 @@ struct ExploreSettings {
 /// order of precedence:
 /// - a *return match*, `explore_every` steps after an incumbent lost its place, for it
 ///   (it does not challenge before);
+/// - a *challenge* (below) by a candidate that lost a duel, once its wait is over, if
+///   its fastest step since still beats the incumbent's by the margin (it goes before
+///   the playoffs still due, drawn only near the incumbent it was measured faster than);
 /// - *playoffs*, once each, right after the sweep, for all-CPU whatever it measured
 ///   (it is what the policy must never be slower than, and the first steps of a run
 ///   can be the slowest: on the Zen 5 VM all-CPU's two sweep steps ran 1.6-2.4x its
@@ -672,15 +675,28 @@ class StrideExplorer {
     if (rematch_ == incumbent_) rematch_ = none;  // it won its place back meanwhile
     if (rematch_ != none && clock_ >= rematch_at_ && eligible(rematch_))  // else it stays due
       return start_duel(std::exchange(rematch_, none));
+    // A challenge, all-CPU first, then the fastest, from the candidates @p may.
+    const auto challenge = [&](auto may) {
+      std::uint32_t found = none;
+      double lowest = (1 - duel_margin) * records_[incumbent_].fastest();
+      for (std::uint32_t k = 0; k < records_.size() && found != 0; ++k)
+        if (eligible(k) && may(records_[k]) && clock_ >= records_[k].duel_at && records_[k].fastest() < lowest)
+          lowest = records_[k].fastest(), found = k;
+      if (found != none) start_duel(found, /*confirm=*/true);
+      return found != none;
+    };
+    // A loser whose wait is over and whose steps since still beat the incumbent's goes
+    // before the playoffs still due: they were drawn near the incumbent, and it was
+    // measured faster. On the Xeon VM (run AM, link 1, 16M, run 3) k = 8, the best
+    // fixed stride by 8%, lost a split playoff to all-CPU; the playoffs of 6, 7, 5 and
+    // 4 then ran for 40 steps, 4 and 5 at 1.23x all-CPU's time, while k = 8's
+    // challenge waited from step 59 to step 84.
+    if (challenge([](const Record& r) { return r.duel_wait > 0; })) return;
     double lowest = std::numeric_limits<double>::infinity();
     for (std::uint32_t k = 0; k < records_.size(); ++k)
       if (eligible(k) && !records_[k].dueled && records_[k].fastest() < lowest) lowest = records_[k].fastest(), challenger = k;
     if (challenger != none) return start_duel(challenger);
-    lowest = (1 - duel_margin) * records_[incumbent_].fastest();
-    for (std::uint32_t k = 0; k < records_.size() && challenger != 0; ++k)
-      if (eligible(k) && clock_ >= records_[k].duel_at && records_[k].fastest() < lowest)
-        lowest = records_[k].fastest(), challenger = k;
-    if (challenger != none) start_duel(challenger, /*confirm=*/true);
+    challenge([](const Record&) { return true; });
   }
 
   // The challenger's kept times are what is in doubt: its fastest step is taken from

@@ -191,16 +191,18 @@ double paired(const Contender& a, const Contender& b) {
 
 RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::vector<float>& grad,
                    const Settings& s, bool trace, bool stride_copies) {
-  // Each round runs the fixed strides, in an order that starts one further along each
-  // round, then the six compared contenders (both automatic policies, all-CPU,
-  // static_fraction and a control copy of each) in a shuffled order. The compared
-  // pairs run a few milliseconds apart, not a round apart, and none of them always
-  // follows the same contender: a step run right after a streaming one was measured
-  // 1-3% slower than the same plan after an all-CPU step, which in a fixed cycle
-  // biased every ratio against whichever contender followed the last stride.
-  // (static_fraction ran among the strides until 2026-12-03: resident_then_stride's
-  // steps over its, with the same plan on both sides, then spread over 0.6-2.5 in one
-  // run, against 0.98-1.02 for the control.)
+  // Each round runs every contender once, in an order shuffled afresh each round, so
+  // that none of them always follows the same contender and each runs, on average,
+  // where every other runs: a step run right after a streaming one was measured 1-3%
+  // slower than the same plan after an all-CPU step, which in a fixed cycle biased
+  // every ratio against whichever contender followed the last stride.
+  // (static_fraction ran in a rotating block of its own with the strides until
+  // 2026-12-03: resident_then_stride's steps over its, with the same plan on both
+  // sides, then spread over 0.6-2.5 in one run, against 0.98-1.02 for the control.
+  // The strides kept that block, followed by the other contenders shuffled, until
+  // 2026-12-07: a probe measured the same fixed stride 1-2% slower among the shuffled
+  // contenders than in the block, a bias against the automatic policy, which ran
+  // there, in every auto/best of that layout.)
   std::vector<Contender> cs;
   cs.push_back({"resident_then_stride", dos::ResidentThenStride{}, {}, {}, {}});
   cs.push_back({"automatic", dos::AutomaticStride{}, {}, {}, {}});
@@ -231,14 +233,11 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
     c.opt->step();  // first touch of the state, outside the measured steps
   }
   std::string ks, rks;
-  constexpr std::size_t compared = 6;  // the first six of cs
   std::mt19937 shuffle(12345);
   std::vector<std::size_t> order(cs.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
   for (int step = 0; step < s.steps; ++step) {
-    const std::size_t others = cs.size() - compared;
-    for (std::size_t i = 0; i < others; ++i) order[i] = compared + (i + static_cast<std::size_t>(step)) % others;
-    std::iota(order.begin() + static_cast<std::ptrdiff_t>(others), order.end(), std::size_t{0});
-    std::shuffle(order.begin() + static_cast<std::ptrdiff_t>(others), order.end(), shuffle);
+    std::shuffle(order.begin(), order.end(), shuffle);
     for (const std::size_t i : order) {
       Contender& c = cs[i];
       const dos::StepReport r = c.opt->step();

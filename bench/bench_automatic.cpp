@@ -24,7 +24,9 @@
 //               copy's device threads and memory are its own), which bounds how finely
 //               rts/sf can be read
 //   k/k         the same for a second copy of the best fixed stride (each fixed stride
-//               has one): how finely auto/best can be read when the best streams
+//               has one): how finely auto/best can be read when the best streams.
+//               The copy runs in the block (below); where the best ran in the
+//               compared group, k/k also holds any difference between the two groups
 //   met         the runs that met both bounds of their policy (below)
 //   early       the runs in which the fixed contender fastest over the first half
 //               (all-CPU or a stride; for "rts early", static_fraction too) met those
@@ -191,18 +193,23 @@ double paired(const Contender& a, const Contender& b) {
 
 RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::vector<float>& grad,
                    const Settings& s, bool trace, bool stride_copies) {
-  // Each round runs every contender once, in an order shuffled afresh each round, so
-  // that none of them always follows the same contender and each runs, on average,
-  // where every other runs: a step run right after a streaming one was measured 1-3%
-  // slower than the same plan after an all-CPU step, which in a fixed cycle biased
-  // every ratio against whichever contender followed the last stride.
-  // (static_fraction ran in a rotating block of its own with the strides until
-  // 2026-12-03: resident_then_stride's steps over its, with the same plan on both
-  // sides, then spread over 0.6-2.5 in one run, against 0.98-1.02 for the control.
-  // The strides kept that block, followed by the other contenders shuffled, until
-  // 2026-12-07: a probe measured the same fixed stride 1-2% slower among the shuffled
-  // contenders than in the block, a bias against the automatic policy, which ran
-  // there, in every auto/best of that layout.)
+  // Each round runs the contenders in two groups. First a block, in an order that
+  // starts one further along each round: the fixed strides and their copies. Then
+  // the compared group, in an order shuffled afresh each round: both automatic
+  // policies, all-CPU, static_fraction and a copy of each, and from the late half on
+  // the two strides fastest over the first half (their copies stay in the block). The
+  // compared pairs run a few milliseconds apart, not a round apart, and none of them
+  // always follows the same contender: a step run right after a streaming one was
+  // measured 1-3% slower than the same plan after an all-CPU step, which in a fixed
+  // cycle biased every ratio against whichever contender followed the last stride.
+  // The strides likely to be the best join the group because a probe (2026-12-07)
+  // measured one 1-2% slower there than in the block, a bias against the policies
+  // when auto/best divides by a stride in the block; every contender in one shuffled
+  // order instead (tried the same day) spread the all-CPU control over 0.93-1.03, its
+  // pairs up to a round (0.7 s at 16M) apart, against 0.99-1.01 in the group.
+  // (static_fraction ran in the block until 2026-12-03: resident_then_stride's steps
+  // over its, with the same plan on both sides, then spread over 0.6-2.5 in one run,
+  // against 0.98-1.02 for the control.)
   std::vector<Contender> cs;
   cs.push_back({"resident_then_stride", dos::ResidentThenStride{}, {}, {}, {}});
   cs.push_back({"automatic", dos::AutomaticStride{}, {}, {}, {}});
@@ -233,11 +240,32 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
     c.opt->step();  // first touch of the state, outside the measured steps
   }
   std::string ks, rks;
+  std::vector<std::size_t> group(6), block;  // indices into cs: the first six, then the rest
+  std::iota(group.begin(), group.end(), std::size_t{0});
+  for (std::size_t i = group.size(); i < cs.size(); ++i) block.push_back(i);
   std::mt19937 shuffle(12345);
-  std::vector<std::size_t> order(cs.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::vector<std::size_t> order;
   for (int step = 0; step < s.steps; ++step) {
-    std::shuffle(order.begin(), order.end(), shuffle);
+    if (step == s.steps / 2) {
+      // Every step so far is the first half's.
+      const auto index = [&](std::uint32_t k) {
+        return static_cast<std::size_t>(&named(fmt::format("stride_{}", k)) - cs.data());
+      };
+      std::vector<std::size_t> strides;
+      for (std::uint32_t k = 1; k <= 8; ++k) strides.push_back(index(k));
+      std::partial_sort(strides.begin(), strides.begin() + 2, strides.end(), [&](std::size_t x, std::size_t y) {
+        return median(cs[x].seconds) < median(cs[y].seconds);
+      });
+      for (std::size_t j = 0; j < 2; ++j) {
+        group.push_back(strides[j]);
+        std::erase(block, strides[j]);
+      }
+      if (trace) fmt::print("  from step {} in the compared group: {}, {}\n", step, cs[strides[0]].name, cs[strides[1]].name);
+    }
+    order.clear();
+    for (std::size_t i = 0; i < block.size(); ++i) order.push_back(block[(i + static_cast<std::size_t>(step)) % block.size()]);
+    std::shuffle(group.begin(), group.end(), shuffle);
+    order.insert(order.end(), group.begin(), group.end());
     for (const std::size_t i : order) {
       Contender& c = cs[i];
       const dos::StepReport r = c.opt->step();

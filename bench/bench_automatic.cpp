@@ -204,9 +204,10 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
   // cycle biased every ratio against whichever contender followed the last stride.
   // The strides likely to be the best join the group because a probe (2026-12-07)
   // measured one 1-2% slower there than in the block, a bias against the policies
-  // when auto/best divides by a stride in the block; every contender in one shuffled
-  // order instead (tried the same day) spread the all-CPU control over 0.93-1.03, its
-  // pairs up to a round (0.7 s at 16M) apart, against 0.99-1.01 in the group.
+  // when auto/best divides by a stride in the block. Every contender in one shuffled
+  // order instead would put compared pairs up to a round apart again (0.8 s at 16M),
+  // where the all-CPU control once spread over 0.83-1.07, against 0.95-1.02 with the
+  // pairs adjacent (docs/policy-runs.md, runs J and D-F).
   // (static_fraction ran in the block until 2026-12-03: resident_then_stride's steps
   // over its, with the same plan on both sides, then spread over 0.6-2.5 in one run,
   // against 0.98-1.02 for the control.)

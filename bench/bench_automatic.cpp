@@ -51,10 +51,12 @@
 //                                       [--stride-copies yes|no|auto]
 // --stride-copies: the control copies of the fixed strides (k/k); auto, the default,
 // runs them where 22 copies of the model fit in 80% of the machine's memory.
-// --trace prints, for every run, its ratios above, the automatic policy's k step by step (E: an exploring
-// step), each of its steps over the same plan's fixed contender, resident_then_stride's
-// residents and k step by step (r9k3E: 9 resident, k = 3, explored), its update times as
-// it measured them (without the moves), and the late medians.
+// --trace prints, for every run, the two strides that join the compared group for the
+// last half (see run_once), its ratios above, the automatic policy's k step by step
+// (E: an exploring step), each of its steps over the same plan's fixed contender,
+// resident_then_stride's residents and k step by step (r9k3E: 9 resident, k = 3,
+// explored), its update times as it measured them (without the moves), and the late
+// medians.
 
 #include "device_cpus.hpp"
 

@@ -342,6 +342,41 @@ TEST_CASE("the return match: the count that came closest meets the winner in blo
   CHECK(explorer_of(plain).residents() == 4);
 }
 
+TEST_CASE("a return match's second block is judged with the first: eight pairs, not the last four") {
+  // The machine of the test above, where 4 (0.85, the best) wins its return match
+  // against 3 (0.88) in blocks. Here 4's steps in the second block run 4% slow (a
+  // phase of the machine): that block alone reads 4 0.5% slower than 3, short of the
+  // margin, but the eight pairs of both blocks read it 1.5% faster by their median,
+  // and its two fastest steps beat 3's. The policy keeps 4 (the code before judged the
+  // second block alone, kept 3, and ran 3.5% slower than 4 from then on).
+  const std::vector<double> truth{1.02, 0.96, 0.92, 0.88, 0.85, 0.93, 1.0, 1.05, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1};
+  ResidentScenario sc{zen5_link06().predicted, [&](std::size_t r, std::uint32_t k, int) { return with_stride(truth[r], k); }};
+  sc.pull = 0.4;
+  const ResidentRun plain = drive_resident(ResidentThenStride{}, sc, 300);
+  // Where the second block of six explored steps of 4 began.
+  int second = -1, blocks = 0;
+  for (int i = 0; i + 6 <= 300 && second < 0; ++i) {
+    bool six = true;
+    for (int j = i; j < i + 6; ++j)
+      six = six && plain.residents[static_cast<std::size_t>(j)] == 4 && plain.explored[static_cast<std::size_t>(j)];
+    const bool starts = six && (i == 0 || !(plain.residents[static_cast<std::size_t>(i - 1)] == 4 &&
+                                            plain.explored[static_cast<std::size_t>(i - 1)]));
+    if (starts && ++blocks == 2) second = i;
+  }
+  REQUIRE(second > 0);
+  sc.truth = [&](std::size_t r, std::uint32_t k, int step) {
+    return with_stride(truth[r], k) * (r == 4 && step >= second && step < second + 6 ? 1.04 : 1.0);
+  };
+  const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 300);
+  // The same steps up to the second block, which 4 ran as before.
+  for (int i = 0; i < second + 6; ++i) REQUIRE(run.residents[static_cast<std::size_t>(i)] == plain.residents[static_cast<std::size_t>(i)]);
+  const ResidencyExplorer& e = explorer_of(run);
+  CHECK(e.residents() == 4);
+  // From then on 4 runs as it does where no phase fell on the block.
+  CHECK(steps_with(run, 4, second + 6) == steps_with(plain, 4, second + 6));
+  CHECK(run.mean(150, 300) <= 1.02 * truth[4]);
+}
+
 TEST_CASE("the running count's steps rise right after the search: the count holding the return match has it then, once") {
   // zen5_link06's search ends at step 49 on 4 residents, 3 the closest (its return
   // match due 16 steps later) and 5 the neighbour above. From step 50 every step runs

@@ -95,7 +95,10 @@ namespace dos {
 /// duel moves the residents every two steps, and the steps after a move read part of
 /// the way towards the count left: docs/design.md, "What a duel of counts sees"). The
 /// four pairs are judged as a duel's; a win must be confirmed by a second block, since
-/// a block is long enough for a phase of the machine to begin and end within it.
+/// a block is long enough for a phase of the machine to begin and end within it. The
+/// second confirms if its own four pairs do not read the challenger slower by the
+/// margin and the eight pairs of both blocks read it faster, as a duel's confirming
+/// pairs are judged with its first four (docs/design.md, "The second block").
 ///
 /// **Settled**, the winning count's `StrideExplorer` chooses the stride. Every count
 /// that lost is re-checked (a machine changes): `stale_after` steps after its loss,
@@ -425,10 +428,28 @@ class ResidencyExplorer {
     if (next < block_length) return;
     score_.restart();
     bool won = false;
+    if (block_confirming_) {
+      // The second block confirms if it does not contradict the first (its own four
+      // pairs do not read the challenger slower by the margin) and the eight pairs of
+      // both read it faster by the margin, as a duel's confirming pairs do: a block
+      // that alone falls short of the margin in a slow phase of the challenger's is
+      // no loss, one that reads it slower is.
+      for (std::size_t p = 0; p < 4; ++p) score_.add(block_[0][p], block_[1][p], won);
+      const bool contradicts = score_.median_ratio() > 1 + detail::DuelScore::margin;
+      score_.restart();
+      for (std::size_t p = 0; p < 8; ++p) {
+        const auto& b = p < 4 ? first_block_ : block_;
+        score_.times[0][p] = b[0][p % 4];
+        score_.times[1][p] = b[1][p % 4];
+      }
+      score_.pairs = 8;
+      return end_duel(!contradicts && score_.challenger_won());
+    }
     for (std::size_t p = 0; p < 4; ++p)
       if (score_.add(block_[0][p], block_[1][p], won)) break;
     won = won && !score_.split;
-    if (won && !block_confirming_) {  // a second block must confirm it
+    if (won) {  // a second block must confirm it
+      first_block_ = block_;
       block_confirming_ = true;
       block_step_ = 0;
       return;
@@ -691,6 +712,7 @@ class ResidencyExplorer {
   int block_step_ = 0;                        // steps of a return match so far
   bool block_confirming_ = false;             // its first block won: a second confirms
   std::array<std::array<double, 4>, 2> block_{};  // its compared steps: incumbent's, challenger's
+  std::array<std::array<double, 4>, 2> first_block_{};  // the first block's, while a second confirms it
   std::int64_t moved_at_ = -1000;             // the step the count last changed
   bool risen_ = false;                        // this re-check was set off by the running count's rise
   std::int64_t rise_at_ = 0;                  // the first step another such may start

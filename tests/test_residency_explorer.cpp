@@ -464,6 +464,36 @@ TEST_CASE("no residents wins the opening: it takes r*'s strides, plays off the n
   CHECK(run.mean(60, 120) <= 1.02 * truth(0, 8));
 }
 
+TEST_CASE("64 subgroups: strides inherited from a count that streamed few of them run only after winning a duel") {
+  // The model's 60 of 64 residents leave 4 subgroups to stream: there every stride
+  // streams one to four of them and measures 10% faster than k = 0, so that, scaled
+  // to another count, every stride looks faster than its own k = 0. Over fewer
+  // residents each subgroup streamed costs 3%: k = 1 over all 64 runs 2.9x. All-CPU is
+  // the best. No residents beats 60 in the opening and takes its strides, scaled on
+  // its own all-CPU steps, and sweeps the four strides 60 did not have. As on the EPYC
+  // VM at link 2 (2026-12-07), the code before ran the scaled k = 1 as the best during
+  // that sweep, then fought 15 residents' return match at it, and ended on 15 at
+  // k = 0, 6% slower than all-CPU. Now a stride inherited runs only as a challenger
+  // (explored) until it wins a duel.
+  const auto truth = [](std::size_t r, std::uint32_t k) {
+    const double stride = k == 0 ? 1.0 : r >= 50 ? 0.9 : 1 + 0.03 * static_cast<double>(streamed(64 - r, k));
+    return (1 + 0.004 * static_cast<double>(r)) * stride;
+  };
+  ResidentScenario sc{[](std::size_t r, std::uint32_t k) {
+                        return (0.8 + 1e-4 * std::pow(static_cast<double>(r) - 60, 2)) *
+                               (1 + 0.02 * static_cast<double>(streamed(64 - r, k)));
+                      },
+                      [&](std::size_t r, std::uint32_t k, int) { return truth(r, k); }};
+  sc.subgroups = 64;
+  const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 200);
+  REQUIRE(run.residents[0] == 60);
+  int ran_as_best = 0;
+  for (std::size_t i = 0; i < run.k.size(); ++i) ran_as_best += run.residents[i] < 60 && run.k[i] != 0 && !run.explored[i];
+  CHECK(ran_as_best == 0);
+  CHECK(explorer_of(run).chosen() == 0);
+  CHECK(run.mean(100, 200) <= 1.02 * truth(0, 0));
+}
+
 TEST_CASE("the machine changes: a re-check finds that residents now slow the step, and the counts below follow") {
   // Residents help until step 50; then each costs 5% (another job took the device).
   constexpr int steps = 1000, change = 50;

@@ -273,6 +273,9 @@ inline int astray(const Run& r, std::uint32_t best, int from) {
 
 namespace dos::test::scripted {
 
+// The subgroups stride k streams of @p streamable (every k-th, from the first).
+inline std::size_t streamed(std::size_t streamable, std::uint32_t k) { return k == 0 ? 0 : (streamable + k - 1) / k; }
+
 // A machine where what a step takes depends on the resident count too: the model's
 // prediction and the truth by (residents, k), step by step for the truth.
 struct ResidentScenario {

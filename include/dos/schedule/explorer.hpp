@@ -566,10 +566,24 @@ class StrideExplorer {
     return records_[k].feasible && records_[k].reach_estimate(max_slowdown_) <= reach;
   }
 
+  // The candidate with the lowest estimate; during a sweep, the one that runs. After
+  // inheriting, not a stride whose steps were all measured over the other residency
+  // (but the incumbent): one factor scales them, and where they streamed a few
+  // subgroups there they may stream all of them here. Such a stride takes the place
+  // only by winning a duel (its playoff). On the EPYC VM at 64M parameters, link 2
+  // (2026-12-07, bench_automatic run 2), no residents took the strides of the model's
+  // 60 of 64, where k = 1 to 4 streamed 1-4 subgroups and measured within 15% of
+  // k = 0; scaled, k = 4 and k = 1 looked faster than no residents' own all-CPU steps
+  // and ran as the best while its new strides were swept: k = 1, streaming all 64
+  // subgroups, in 14 steps at 2.9-7.4x all-CPU's time, and 15 residents' return match
+  // was fought at it (12 steps more).
   std::uint32_t best_candidate() const {
     std::uint32_t best = 0;
-    for (std::uint32_t k = 1; k < records_.size(); ++k)
-      if (records_[k].feasible && records_[k].estimate() < records_[best].estimate()) best = k;
+    for (std::uint32_t k = 1; k < records_.size(); ++k) {
+      const Record& c = records_[k];
+      if (!c.feasible || (inherited_ && c.all_inherited() && k != incumbent_)) continue;
+      if (c.estimate() < records_[best].estimate()) best = k;
+    }
     return best;
   }
 

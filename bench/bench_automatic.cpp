@@ -34,6 +34,15 @@
 //               exactly, and kept its best, would have met. Where it did not, the
 //               machine changed during the run, and a policy choosing from what it
 //               measured meets the bounds only by running other plans again in time
+//   same plan   each policy's late steps that ran a fixed contender's plan, over that
+//               contender's in the same round: the automatic stride's all-CPU or k
+//               steps; resident_then_stride's where it kept static_fraction's count
+//               and streamed nothing, or kept none, with no move right before or after.
+//               Median [least-most] over the runs that had such steps, and how many
+//               did. Near 1, a ratio above is the policy's choice; far from it, the
+//               policy's copy ran the same plan slower or faster than the fixed one's
+//               (in run AO at 64M, resident_then_stride's steps of static_fraction's
+//               16 residents read 1.21-1.22x static_fraction's in two runs)
 //
 // The emulated device's streams run on a CPU of their own and the contenders' CPU side
 // on the others (device_cpus.hpp; DOS_BENCH_PIN=0 leaves both to the OS): unpinned, the
@@ -152,7 +161,8 @@ struct Contender {
   std::unique_ptr<Optimizer> opt;
   std::vector<double> seconds;  // update time per step
   std::vector<double> measured;  // what the policy measured of it (the update, not the moves after it)
-  std::vector<std::uint32_t> strides;  // the stride each step ran
+  std::vector<std::uint32_t> strides;  // the stride each step streamed the others at (0: none streamed)
+  std::vector<std::size_t> residents;  // the subgroups each step kept resident
 };
 
 struct RunResult {
@@ -164,6 +174,10 @@ struct RunResult {
   std::size_t residents = 0;  // resident_then_stride's count chosen at the end
   std::uint32_t k = 0;  // the automatic policy's last choice
   std::string best;     // the fixed contender it is measured against
+  // Each policy's late steps that ran a fixed contender's plan, over that contender's
+  // in the same round (median; NaN where none did), and how many such steps.
+  double auto_same = 0, rts_same = 0;
+  std::size_t auto_same_steps = 0, rts_same_steps = 0;
   std::string early, rts_early;  // the fixed contenders fastest over the first half
 };
 
@@ -274,7 +288,8 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
       const dos::StepReport r = c.opt->step();
       c.seconds.push_back(r.seconds);
       c.measured.push_back(r.update_seconds);
-      c.strides.push_back(r.device_subgroups > 0 ? r.stride : 0);
+      c.strides.push_back(r.device_subgroups > r.resident_subgroups ? r.stride : 0);
+      c.residents.push_back(r.resident_subgroups);
       if (trace && c.name == "automatic") ks += fmt::format(" {}{}", r.stride, r.explored ? "E" : "");
       if (trace && c.name == "resident_then_stride")
         rks += fmt::format(" r{}k{}{}", r.resident_subgroups, r.device_subgroups > r.resident_subgroups ? r.stride : 0,
@@ -355,7 +370,33 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
   out.best_best = best->name == "all_cpu" ? out.cpu_cpu
                   : stride_copies         ? paired(named(best->name + "_again"), *best)
                                           : std::numeric_limits<double>::quiet_NaN();
+  // The same plan on the policy's copy and on the fixed contender's: what of a ratio
+  // above is the copy, not the choice. resident_then_stride's steps count where they
+  // ran static_fraction's plan (its count, nothing streamed) or a plan with no
+  // residents, with no move of residents right before or after (a step's time holds
+  // the move that follows it, and the step after a move reads part of the way towards
+  // the count left).
+  const auto same_plan = [&](const Contender& p, auto fixed_of, double& ratio, std::size_t& steps) {
+    std::vector<double> r;
+    for (std::size_t i = p.seconds.size() / 2; i < p.seconds.size(); ++i)
+      if (const Contender* f = fixed_of(i)) r.push_back(p.seconds[i] / f->seconds[i]);
+    steps = r.size();
+    ratio = r.empty() ? std::numeric_limits<double>::quiet_NaN() : median(r);
+  };
   const Contender& a = named("automatic");
+  const auto stride_plan = [&](std::uint32_t k) { return &(k == 0 ? named("all_cpu") : named(fmt::format("stride_{}", k))); };
+  same_plan(a, [&](std::size_t i) { return stride_plan(a.strides[i]); }, out.auto_same, out.auto_same_steps);
+  const std::size_t sf_count =
+      named("static_fraction").opt->policy().target<dos::StaticFraction>()->count((elements + kSubgroup - 1) / kSubgroup);
+  same_plan(
+      rts,
+      [&](std::size_t i) -> const Contender* {
+        const std::size_t r = rts.residents[i];
+        if (i + 1 >= rts.residents.size() || rts.residents[i - 1] != r || rts.residents[i + 1] != r) return nullptr;
+        if (r == 0) return stride_plan(rts.strides[i]);
+        return r == sf_count && rts.strides[i] == 0 ? &named("static_fraction") : nullptr;
+      },
+      out.rts_same, out.rts_same_steps);
   out.settled = a.opt->policy().target<dos::AutomaticStride>()->explorer.settled_after();
   out.k = a.opt->timeline().plan.stride;
   return out;
@@ -384,6 +425,15 @@ std::string spread(const std::vector<double>& v) {
   return fmt::format("{:.3f} ({:.3f})", median(v), *std::max_element(v.begin(), v.end()));
 }
 
+// "median [least-most] n/runs" of the runs' same-plan ratios, those with such steps;
+// "-" where no run had any.
+std::string same_range(std::vector<double> v, int runs) {
+  std::erase_if(v, [](double x) { return std::isnan(x); });
+  if (v.empty()) return "-";
+  const auto [least, most] = std::minmax_element(v.begin(), v.end());
+  return fmt::format("{:.3f} [{:.3f}-{:.3f}] {}/{}", median(v), *least, *most, v.size(), runs);
+}
+
 // "median [least-worst]" of a control's ratios; "off" where the control did not run.
 std::string range(const std::vector<double>& v) {
   if (v.empty()) return "off (no stride copies)";
@@ -397,9 +447,9 @@ int main(int argc, char** argv) {
   const Settings s = parse(argc, argv);
   fmt::print("{} runs of {} steps; medians of paired ratios over the last half; median (worst) over the runs\n",
              s.runs, s.steps);
-  fmt::print("{:>5} {:>6} | {:>13} | {:>13} | {:>7} | {:>9} | {:>9} | {:>13} | {:>13} | {:>13} | {:>7} | {:>9} | {:>9} | {:>19} | {:>21} | {:>21} | {:>22} | {:>7} | {:>7}\n",
+  fmt::print("{:>5} {:>6} | {:>13} | {:>13} | {:>7} | {:>9} | {:>9} | {:>13} | {:>13} | {:>13} | {:>7} | {:>9} | {:>9} | {:>19} | {:>21} | {:>21} | {:>22} | {:>7} | {:>7} | {:>25} | {:>25}\n",
              "link", "params", "auto/best", "auto/cpu", "met", "settled", "final k", "rts/best", "rts/cpu", "rts/sf",
-             "met", "settled", "residents", "best fixed", "cpu/cpu", "sf/sf", "k/k (best fixed)", "early", "rts early");
+             "met", "settled", "residents", "best fixed", "cpu/cpu", "sf/sf", "k/k (best fixed)", "early", "rts early", "auto same plan", "rts same plan");
   const auto elements_of = [](double size) { return static_cast<std::size_t>(size * (1 << 20)); };
   std::vector<bool> copies_at;  // per size, decided (and said) once
   for (const double size : s.sizes) copies_at.push_back(stride_copies_fit(s, elements_of(size)));
@@ -413,6 +463,7 @@ int main(int argc, char** argv) {
       const bool copies = copies_at[z];
       const std::vector<float> grad(elements, 1e-3f);
       std::vector<double> best, cpu, rts_best, rts_cpu, rts_sf, control, sf_control, best_control, settled, rts_settled;
+      std::vector<double> auto_same, rts_same;
       std::string ks, bests, residents;
       int auto_ok = 0, rts_ok = 0;  // runs that met both bounds
       int early_ok = 0, rts_early_ok = 0;  // runs where the first half's best would have met them
@@ -424,6 +475,8 @@ int main(int argc, char** argv) {
         rts_best.push_back(r.rts_best);
         rts_cpu.push_back(r.rts_cpu);
         rts_sf.push_back(r.rts_sf);
+        auto_same.push_back(r.auto_same);
+        rts_same.push_back(r.rts_same);
         control.push_back(r.cpu_cpu);
         sf_control.push_back(r.sf_sf);
         if (!std::isnan(r.best_best)) best_control.push_back(r.best_best);
@@ -439,19 +492,20 @@ int main(int argc, char** argv) {
         if (s.trace)
           fmt::print("  run {}: auto/best {:.3f} auto/cpu {:.3f} rts/best {:.3f} rts/cpu {:.3f} rts/sf {:.3f}; "
                      "first half's best {} over the best {:.3f}, over all-CPU {:.3f}; with static_fraction {} "
-                     "{:.3f}, {:.3f}\n",
+                     "{:.3f}, {:.3f}; same plan: automatic {:.3f} over {} steps, resident_then_stride {:.3f} over {}\n",
                      run + 1, r.auto_best, r.auto_cpu, r.rts_best, r.rts_cpu, r.rts_sf, r.early, r.early_best,
-                     r.early_cpu, r.rts_early, r.rts_early_best, r.rts_early_cpu);
+                     r.early_cpu, r.rts_early, r.rts_early_best, r.rts_early_cpu, r.auto_same, r.auto_same_steps,
+                     r.rts_same, r.rts_same_steps);
       }
       const auto worst = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
       met = met && auto_ok == s.runs;
       rts_met = rts_met && rts_ok == s.runs;
-      fmt::print("{:>5} {:>5}M | {:>13} | {:>13} | {:>7} | {:>3.0f} ({:>3.0f}) | {:>9} | {:>13} | {:>13} | {:>13} | {:>7} | {:>3.0f} ({:>3.0f}) | {:>9} | {:>19} | {} | {} | {:>22} | {:>7} | {:>7}\n",
+      fmt::print("{:>5} {:>5}M | {:>13} | {:>13} | {:>7} | {:>3.0f} ({:>3.0f}) | {:>9} | {:>13} | {:>13} | {:>13} | {:>7} | {:>3.0f} ({:>3.0f}) | {:>9} | {:>19} | {} | {} | {:>22} | {:>7} | {:>7} | {:>25} | {:>25}\n",
                  link, size, spread(best), spread(cpu), fmt::format("{}/{}", auto_ok, s.runs), median(settled),
                  worst(settled), ks, spread(rts_best), spread(rts_cpu), spread(rts_sf),
                  fmt::format("{}/{}", rts_ok, s.runs), median(rts_settled), worst(rts_settled), residents, bests,
                  range(control), range(sf_control), range(best_control), fmt::format("{}/{}", early_ok, s.runs),
-                 fmt::format("{}/{}", rts_early_ok, s.runs));
+                 fmt::format("{}/{}", rts_early_ok, s.runs), same_range(auto_same, s.runs), same_range(rts_same, s.runs));
       std::fflush(stdout);
     }
   }

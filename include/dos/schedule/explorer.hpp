@@ -567,10 +567,11 @@ class StrideExplorer {
   }
 
   // The candidate with the lowest estimate; during a sweep, the one that runs. After
-  // inheriting, not a stride whose steps were all measured over the other residency
-  // (but the incumbent): one factor scales them, and where they streamed a few
-  // subgroups there they may stream all of them here. Such a stride takes the place
-  // only by winning a duel (its playoff). On the EPYC VM at 64M parameters, link 2
+  // inheriting, not a stride (k = 0, all-CPU, excepted, and the incumbent) with fewer
+  // than `min_samples` steps measured here beside its inherited ones: one factor
+  // scales those, and where they streamed a few subgroups there they may stream all
+  // of them here (one step measured here leaves the median on the inherited ones).
+  // Such a stride takes the place only by winning a duel (its playoff). On the EPYC VM at 64M parameters, link 2
   // (2026-12-07, bench_automatic run 2), no residents took the strides of the model's
   // 60 of 64, where k = 1 to 4 streamed 1-4 subgroups and measured within 15% of
   // k = 0; scaled, k = 4 and k = 1 looked faster than no residents' own all-CPU steps
@@ -581,7 +582,8 @@ class StrideExplorer {
     std::uint32_t best = 0;
     for (std::uint32_t k = 1; k < records_.size(); ++k) {
       const Record& c = records_[k];
-      if (!c.feasible || (inherited_ && c.all_inherited() && k != incumbent_)) continue;
+      const bool scaled = inherited_ && c.inherited > 0 && c.kept - c.inherited < min_samples;
+      if (!c.feasible || (scaled && k != incumbent_)) continue;
       if (c.estimate() < records_[best].estimate()) best = k;
     }
     return best;

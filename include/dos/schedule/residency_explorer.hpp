@@ -433,9 +433,9 @@ class ResidencyExplorer {
       // pairs do not read the challenger slower by the margin) and the eight pairs of
       // both read it faster by the margin, as a duel's confirming pairs do: a block
       // that alone falls short of the margin in a slow phase of the challenger's is
-      // no loss, one that reads it slower is.
+      // no loss, one that reads it slower by the margin is, filed at its own ratio.
       for (std::size_t p = 0; p < 4; ++p) score_.add(block_[0][p], block_[1][p], won);
-      const bool contradicts = score_.median_ratio() > 1 + detail::DuelScore::margin;
+      if (score_.median_ratio() > 1 + detail::DuelScore::margin) return end_duel(false);
       score_.restart();
       for (std::size_t p = 0; p < 8; ++p) {
         const auto& b = p < 4 ? first_block_ : block_;
@@ -443,7 +443,7 @@ class ResidencyExplorer {
         score_.times[1][p] = b[1][p % 4];
       }
       score_.pairs = 8;
-      return end_duel(!contradicts && score_.challenger_won());
+      return end_duel(score_.challenger_won());
     }
     for (std::size_t p = 0; p < 4; ++p)
       if (score_.add(block_[0][p], block_[1][p], won)) break;

@@ -292,8 +292,7 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
       c.residents.push_back(r.resident_subgroups);
       if (trace && c.name == "automatic") ks += fmt::format(" {}{}", r.stride, r.explored ? "E" : "");
       if (trace && c.name == "resident_then_stride")
-        rks += fmt::format(" r{}k{}{}", r.resident_subgroups, r.device_subgroups > r.resident_subgroups ? r.stride : 0,
-                           r.explored ? "E" : "");
+        rks += fmt::format(" r{}k{}{}", r.resident_subgroups, c.strides.back(), r.explored ? "E" : "");
     }
   }
   if (trace) fmt::print("  automatic k by step:{}\n  resident_then_stride by step:{}\n", ks, rks);
@@ -384,8 +383,8 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
     ratio = r.empty() ? std::numeric_limits<double>::quiet_NaN() : median(r);
   };
   const Contender& a = named("automatic");
-  const auto stride_plan = [&](std::uint32_t k) { return &(k == 0 ? named("all_cpu") : named(fmt::format("stride_{}", k))); };
-  same_plan(a, [&](std::size_t i) { return stride_plan(a.strides[i]); }, out.auto_same, out.auto_same_steps);
+  const auto fixed_at = [&](std::uint32_t k) { return &(k == 0 ? named("all_cpu") : named(fmt::format("stride_{}", k))); };
+  same_plan(a, [&](std::size_t i) { return fixed_at(a.strides[i]); }, out.auto_same, out.auto_same_steps);
   const std::size_t sf_count =
       named("static_fraction").opt->policy().target<dos::StaticFraction>()->count((elements + kSubgroup - 1) / kSubgroup);
   same_plan(
@@ -393,7 +392,7 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
       [&](std::size_t i) -> const Contender* {
         const std::size_t r = rts.residents[i];
         if (i + 1 >= rts.residents.size() || rts.residents[i - 1] != r || rts.residents[i + 1] != r) return nullptr;
-        if (r == 0) return stride_plan(rts.strides[i]);
+        if (r == 0) return fixed_at(rts.strides[i]);
         return r == sf_count && rts.strides[i] == 0 ? &named("static_fraction") : nullptr;
       },
       out.rts_same, out.rts_same_steps);

@@ -571,13 +571,13 @@ class StrideExplorer {
   // than `min_samples` steps measured here beside its inherited ones: one factor
   // scales those, and where they streamed a few subgroups there they may stream all
   // of them here (one step measured here leaves the median on the inherited ones).
-  // Such a stride takes the place only by winning a duel (its playoff). On the EPYC VM at 64M parameters, link 2
-  // (2026-12-07, bench_automatic run 2), no residents took the strides of the model's
-  // 60 of 64, where k = 1 to 4 streamed 1-4 subgroups and measured within 15% of
-  // k = 0; scaled, k = 4 and k = 1 looked faster than no residents' own all-CPU steps
-  // and ran as the best while its new strides were swept: k = 1, streaming all 64
-  // subgroups, in 14 steps at 2.9-7.4x all-CPU's time, and 15 residents' return match
-  // was fought at it (12 steps more).
+  // Such a stride takes the place only by winning a duel (its playoff). On the EPYC
+  // VM at 64M parameters, link 2 (2026-12-07, bench_automatic run 2), no residents
+  // took the strides of the model's 60 of 64, where k = 1 to 4 streamed 1-4 subgroups
+  // and measured within 15% of k = 0; scaled, k = 4 and k = 1 looked faster than no
+  // residents' own all-CPU steps and ran as the best while its new strides were
+  // swept: k = 1, streaming all 64 subgroups, in 14 steps at 2.9-7.4x all-CPU's time,
+  // and 15 residents' return match was fought at it (12 steps more).
   std::uint32_t best_candidate() const {
     std::uint32_t best = 0;
     for (std::uint32_t k = 1; k < records_.size(); ++k) {

@@ -437,6 +437,7 @@ class ResidencyExplorer {
       for (std::size_t p = 0; p < 4; ++p) score_.add(block_[0][p], block_[1][p], won);
       if (score_.median_ratio() > 1 + detail::DuelScore::margin) return end_duel(false);
       score_.restart();
+      static_assert(detail::DuelScore::confirm >= 8, "the score holds both blocks' pairs");
       for (std::size_t p = 0; p < 8; ++p) {
         const auto& b = p < 4 ? first_block_ : block_;
         score_.times[0][p] = b[0][p % 4];

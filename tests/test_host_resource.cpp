@@ -37,6 +37,46 @@ TEST_CASE("huge-page blocks are 2 MiB aligned") {
   r.deallocate(p, 8 << 20, 64);
 }
 
+#if defined(__linux__)
+// Huge-page advice acts when a page is first touched; it cannot change pages already
+// there. So a huge-page block must be fresh memory, whatever the process freed before:
+// none of its pages resident until touched. glibc maps a block this large afresh only
+// until the process frees a larger one; from then on it serves it from its heap, and
+// an 8 MiB block from `aligned_alloc` came back with all 2048 pages resident.
+TEST_CASE("huge-page blocks are fresh memory, never pages the process freed before") {
+  const dos::HostResource r{.huge_pages = true};
+  constexpr std::size_t bytes = 8 << 20, page = 4096;
+  { std::vector<char> larger(24 << 20, 1); }  // raises glibc's threshold for fresh mappings
+  std::vector<std::vector<int>> kept;  // small blocks above each freed one: the heap cannot shrink past them
+  for (int round = 0; round < 6; ++round) {
+    {
+      dos::HostBuffer<std::byte> dirty(bytes, r);  // zeroed: every page touched
+      kept.emplace_back(16, round);
+    }
+    void* p = r.allocate(bytes, 64);
+    std::vector<unsigned char> resident(bytes / page);
+    REQUIRE(::mincore(p, bytes, resident.data()) == 0);
+    CHECK(std::count_if(resident.begin(), resident.end(), [](unsigned char c) { return (c & 1) != 0; }) == 0);
+    std::memset(p, 0xAB, bytes);  // ordinary writable memory, all of it
+    CHECK(static_cast<unsigned char*>(p)[bytes - 1] == 0xAB);
+    r.deallocate(p, bytes, 64);
+  }
+}
+
+TEST_CASE("huge-page blocks keep their alignment and their bytes for any size and alignment") {
+  const dos::HostResource r{.huge_pages = true};
+  for (const std::size_t bytes : {std::size_t{2} << 20, (std::size_t{2} << 20) + 1, std::size_t{7} << 20, std::size_t{33} << 20})
+    for (const std::size_t alignment : {std::size_t{64}, std::size_t{4096}, std::size_t{4} << 20}) {
+      auto* p = static_cast<unsigned char*>(r.allocate(bytes, alignment));
+      CHECK(reinterpret_cast<std::uintptr_t>(p) % std::max(alignment, dos::HostResource::huge_page_size) == 0);
+      p[0] = 1;
+      p[bytes - 1] = 2;
+      CHECK(p[0] + p[bytes - 1] == 3);
+      r.deallocate(p, bytes, alignment);
+    }
+}
+#endif
+
 TEST_CASE("buffers move and own exactly once") {
   dos::HostBuffer<float> a(100);
   float* p = a.data();

@@ -78,7 +78,11 @@ using Clock = std::chrono::steady_clock;
 /// Bytes every fresh or discarded allocation is filled with: NaN as float, bf16 and fp16.
 inline constexpr unsigned char poison_byte = 0xFF;
 
-/// @brief Device memory: host allocations with a capacity and NaN poisoning.
+/// @brief Device memory: host allocations with a capacity and NaN poisoning. Blocks of
+///        2 MiB and more lie on fresh huge-page mappings (`HostResource`), so that
+///        the device Adam's speed does not depend on which pages the process freed
+///        before: on reused heap memory, copies of one optimizer held their blocks on
+///        anything from 4 KiB to 2 MiB pages.
 class DeviceMemory {
  public:
   DeviceMemory() = default;
@@ -90,13 +94,13 @@ class DeviceMemory {
       state_->used.fetch_sub(bytes);
       throw std::bad_alloc();
     }
-    void* p = HostResource{}.allocate(bytes, std::max<std::size_t>(alignment, 64));
+    void* p = HostResource{true}.allocate(bytes, std::max<std::size_t>(alignment, 64));
     std::memset(p, poison_byte, bytes);
     return p;
   }
   void deallocate(void* p, std::size_t bytes, std::size_t alignment) const noexcept {
     if (state_ != nullptr) state_->used.fetch_sub(bytes);  // a default handle owns nothing
-    HostResource{}.deallocate(p, bytes, alignment);
+    HostResource{true}.deallocate(p, bytes, std::max<std::size_t>(alignment, 64));
   }
   std::size_t used() const noexcept { return state_->used.load(); }
   std::size_t capacity() const noexcept { return state_->capacity; }

@@ -102,29 +102,73 @@ inline std::size_t collapse_to_huge_pages(std::vector<HostRange> ranges) {
   return moved;
 }
 
-/// @brief Aligned host memory. With `huge_pages`, large blocks are 2 MiB aligned and
-///        advised for transparent huge pages, which cuts TLB misses in the
-///        bandwidth-bound update.
+/// @brief Aligned host memory. With `huge_pages`, blocks of 2 MiB and more are fresh
+///        anonymous mappings, 2 MiB aligned and advised for transparent huge pages
+///        before anything touches them, which cuts TLB misses in the bandwidth-bound
+///        update. Fresh, because advice cannot change pages already there: a block
+///        the C allocator handed back from memory freed before kept whatever pages it
+///        had, and in a process that had built and freed optimizers of 64M parameters
+///        twice, the state of the third set lay 38-100% on huge pages, copy by copy
+///        (docs/design.md, "Huge pages"). `deallocate` must get the `bytes` and
+///        `alignment` that `allocate` got, as `std::pmr` asks.
 struct HostResource {
   bool huge_pages = false;
 
   static constexpr std::size_t huge_page_size = std::size_t{2} << 20;
 
-  /// @throws std::bad_alloc when the system has no memory left.
+  /// @throws std::invalid_argument when @p alignment is not a power of two of at least
+  ///         `alignof(std::max_align_t)`; std::bad_alloc when the system has no memory left.
   void* allocate(std::size_t bytes, std::size_t alignment) const {
     if (alignment < alignof(std::max_align_t) || (alignment & (alignment - 1)) != 0)
       throw_invalid_argument("alignment must be a power of two >= {}, got {}", alignof(std::max_align_t), alignment);
-    const bool huge = huge_pages && bytes >= huge_page_size;
-    if (huge) alignment = std::max(alignment, huge_page_size);
-    const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + alignment - 1) / alignment * alignment;
-    void* p = std::aligned_alloc(alignment, rounded);
+    const Layout l = layout(bytes, alignment);
+#if defined(__linux__)
+    if (l.huge) return map_huge(l);
+#endif
+    void* p = std::aligned_alloc(l.alignment, l.rounded);
     if (p == nullptr) throw std::bad_alloc();
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (huge) ::madvise(p, rounded, MADV_HUGEPAGE);  // advice only: failure is harmless
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) const noexcept {
+#if defined(__linux__)
+    if (const Layout l = layout(bytes, alignment); l.huge) {
+      ::munmap(p, l.rounded);
+      return;
+    }
+#endif
+    std::free(p);
+  }
+
+ private:
+  struct Layout {
+    bool huge = false;
+    std::size_t alignment = 0, rounded = 0;
+  };
+  Layout layout(std::size_t bytes, std::size_t alignment) const noexcept {
+    Layout l;
+    l.huge = huge_pages && bytes >= huge_page_size;
+    l.alignment = l.huge ? std::max(alignment, huge_page_size) : alignment;
+    l.rounded = (std::max<std::size_t>(bytes, 1) + l.alignment - 1) / l.alignment * l.alignment;
+    return l;
+  }
+#if defined(__linux__)
+  // Maps `rounded + alignment` bytes and unmaps the head and tail around the aligned
+  // block: mmap itself promises only 4 KiB alignment.
+  static void* map_huge(const Layout& l) {
+    const std::size_t mapped = l.rounded + l.alignment;
+    void* raw = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) throw std::bad_alloc();
+    const auto at = reinterpret_cast<std::uintptr_t>(raw);
+    const std::uintptr_t begin = (at + l.alignment - 1) / l.alignment * l.alignment, end = begin + l.rounded;
+    if (begin > at) ::munmap(raw, begin - at);
+    if (at + mapped > end) ::munmap(reinterpret_cast<void*>(end), at + mapped - end);
+    void* p = reinterpret_cast<void*>(begin);
+#if defined(MADV_HUGEPAGE)
+    ::madvise(p, l.rounded, MADV_HUGEPAGE);  // advice only: failure is harmless
 #endif
     return p;
   }
-  void deallocate(void* p, std::size_t /*bytes*/, std::size_t /*alignment*/) const noexcept { std::free(p); }
+#endif
 };
 static_assert(MemoryResource<HostResource>);
 

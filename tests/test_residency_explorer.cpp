@@ -377,6 +377,42 @@ TEST_CASE("a return match's second block is judged with the first: eight pairs, 
   CHECK(run.mean(150, 300) <= 1.02 * truth[4]);
 }
 
+TEST_CASE("a return match's second block that reads the challenger slower by the margin is a loss, whatever the first read") {
+  // The machine of the test above, 3 running and 4 the challenger. A fast phase falls
+  // on 4's first block (it runs at 0.75, 15% faster than 3), and from the second block
+  // on 4 runs at 0.92, 4.5% slower than 3: the machine changed. The eight pairs of both
+  // blocks still read 4 5% faster by their median, and its two fastest steps are the
+  // first block's; alone they would confirm it. The second block's own four pairs read
+  // it slower by more than the margin, so it is a loss, and 3 keeps its place.
+  const std::vector<double> truth{1.02, 0.96, 0.92, 0.88, 0.85, 0.93, 1.0, 1.05, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1, 1.1};
+  ResidentScenario sc{zen5_link06().predicted, [&](std::size_t r, std::uint32_t k, int) { return with_stride(truth[r], k); }};
+  sc.pull = 0.4;
+  const ResidentRun plain = drive_resident(ResidentThenStride{}, sc, 300);
+  // Where the first block of six explored steps of 4 began.
+  int first = -1;
+  for (int i = 0; i + 6 <= 300 && first < 0; ++i) {
+    bool six = true;
+    for (int j = i; j < i + 6; ++j)
+      six = six && plain.residents[static_cast<std::size_t>(j)] == 4 && plain.explored[static_cast<std::size_t>(j)];
+    if (six) first = i;
+  }
+  REQUIRE(first > 0);
+  sc.truth = [&](std::size_t r, std::uint32_t k, int step) {
+    const double four = step < first ? truth[4] : step < first + 6 ? 0.75 : 0.92;
+    return with_stride(r == 4 ? four : truth[r], k);
+  };
+  const ResidentRun run = drive_resident(ResidentThenStride{}, sc, 300);
+  const ResidencyExplorer& e = explorer_of(run);
+  CHECK(e.residents() == 3);
+  // 4 ran its second block, and lost it: it runs no more as the count in force.
+  CHECK(longest_explored(run, 4) == 6);
+  int ran_as_best = 0;
+  for (std::size_t i = static_cast<std::size_t>(first); i < run.residents.size(); ++i)
+    ran_as_best += run.residents[i] == 4 && !run.explored[i];
+  CHECK(ran_as_best == 0);
+  CHECK(run.mean(150, 300) <= 1.02 * truth[3]);
+}
+
 TEST_CASE("the running count's steps rise right after the search: the count holding the return match has it then, once") {
   // zen5_link06's search ends at step 49 on 4 residents, 3 the closest (its return
   // match due 16 steps later) and 5 the neighbour above. From step 50 every step runs

@@ -95,6 +95,24 @@ TEST_CASE("a bad alignment is rejected") {
   CHECK_THROWS_AS((void)r.allocate(64, 3), std::invalid_argument);
 }
 
+// A size whose rounding to the alignment wraps past zero, as a count times an element
+// size that overflowed gives, is no allocation: the code before returned a block of a
+// few bytes for it.
+TEST_CASE("a size beyond any address space is refused, not wrapped") {
+  for (bool huge : {false, true}) {
+    const dos::HostResource r{huge};
+    for (const std::size_t bytes : {SIZE_MAX, SIZE_MAX - 10, SIZE_MAX - (std::size_t{2} << 20)})
+      CHECK_THROWS_AS((void)r.allocate(bytes, 64), std::bad_alloc);
+  }
+  // A count whose size in bytes wraps to a few bytes: the code before handed back a
+  // buffer of one element for it.
+  CHECK_THROWS_AS(dos::HostBuffer<float>(SIZE_MAX / 4 + 2), std::bad_alloc);
+  CHECK_THROWS_AS(dos::HostBuffer<double>(SIZE_MAX / 8 + 2, dos::HostResource{true}), std::bad_alloc);
+  // A size that fits, but that no system has: the mapping fails. (Not asked of the C
+  // allocator here: under AddressSanitizer, a request that large ends the process.)
+  CHECK_THROWS_AS((void)dos::HostResource{true}.allocate(std::size_t{1} << 62, 64), std::bad_alloc);
+}
+
 // The caller's memory moved onto huge pages: the contents keep every bit, only whole
 // 2 MiB pages inside the range are touched, and what cannot move is left alone.
 // The union of the caller's ranges, as the collapse sees it: every byte of every range

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <span>
 #include <utility>
@@ -117,10 +118,15 @@ struct HostResource {
   static constexpr std::size_t huge_page_size = std::size_t{2} << 20;
 
   /// @throws std::invalid_argument when @p alignment is not a power of two of at least
-  ///         `alignof(std::max_align_t)`; std::bad_alloc when the system has no memory left.
+  ///         `alignof(std::max_align_t)`; std::bad_alloc when the system has no memory left
+  ///         or @p bytes is beyond any address space.
   void* allocate(std::size_t bytes, std::size_t alignment) const {
     if (alignment < alignof(std::max_align_t) || (alignment & (alignment - 1)) != 0)
       throw_invalid_argument("alignment must be a power of two >= {}, got {}", alignof(std::max_align_t), alignment);
+    // A size the rounding below (or the slack of a huge-page mapping) would wrap past
+    // zero, a count times an element size that overflowed say, must fail, not return
+    // a block of a few bytes.
+    if (bytes > std::numeric_limits<std::size_t>::max() - 2 * std::max(alignment, huge_page_size)) throw std::bad_alloc();
     const Layout l = layout(bytes, alignment);
 #if defined(__linux__)
     if (l.huge) return map_huge(l);
@@ -227,11 +233,13 @@ class HostBuffer {
   static constexpr std::size_t alignment = 64;  // a cache line, and one AVX-512 vector
 
   HostBuffer() = default;
-  explicit HostBuffer(std::size_t count, R resource = {}) : bytes_(count * sizeof(T), std::move(resource)) {
+  /// @throws std::bad_alloc where @p count elements do not fit in memory, or their
+  ///         size in bytes does not fit in a `size_t`.
+  explicit HostBuffer(std::size_t count, R resource = {}) : bytes_(byte_size(count), std::move(resource)) {
     if (count > 0) std::memset(bytes_.data(), 0, bytes_.size());
   }
   /// @brief Untouched memory: the owner must write every element before reading any.
-  HostBuffer(std::size_t count, R resource, Uninitialized) : bytes_(count * sizeof(T), std::move(resource)) {}
+  HostBuffer(std::size_t count, R resource, Uninitialized) : bytes_(byte_size(count), std::move(resource)) {}
 
   T* data() noexcept { return reinterpret_cast<T*>(bytes_.data()); }
   const T* data() const noexcept { return reinterpret_cast<const T*>(bytes_.data()); }
@@ -240,6 +248,10 @@ class HostBuffer {
   std::span<const T> span() const noexcept { return {data(), size()}; }
 
  private:
+  static std::size_t byte_size(std::size_t count) {
+    if (count > std::numeric_limits<std::size_t>::max() / sizeof(T)) throw std::bad_alloc();
+    return count * sizeof(T);
+  }
   RawBuffer<R, alignment> bytes_;
 };
 

@@ -38,6 +38,16 @@ TEST_CASE("constructible with defaults; reports its memory") {
   CHECK_THROWS_AS(DeviceBuffer<emulated::DeviceMemory>(2000, small.device_memory()), std::bad_alloc);
 }
 
+TEST_CASE("an allocation the host refuses takes nothing from the device's capacity") {
+  // Within the capacity, but more than any address space: the host allocation fails
+  // after the capacity was counted, and the count must be given back (it was not).
+  EmulatedDeviceBackend b({}, {.memory_bytes = std::size_t{1} << 62, .reserve_bytes = 0});
+  const std::size_t before = b.staging_bytes_available();
+  CHECK_THROWS_AS(DeviceBuffer<emulated::DeviceMemory>(std::size_t{1} << 60, b.device_memory()), std::bad_alloc);
+  CHECK(b.staging_bytes_available() == before);
+  CHECK(b.device_memory().used() == 0);
+}
+
 #if defined(__linux__)
 // The CPUs a stream's thread may run on, read back from the thread itself.
 static std::vector<int> affinity_of(EmulatedDeviceBackend::Stream& s) {

@@ -108,6 +108,8 @@ TEST_CASE("a size beyond any address space is refused, not wrapped") {
   // buffer of one element for it.
   CHECK_THROWS_AS(dos::HostBuffer<float>(SIZE_MAX / 4 + 2), std::bad_alloc);
   CHECK_THROWS_AS(dos::HostBuffer<double>(SIZE_MAX / 8 + 2, dos::HostResource{true}), std::bad_alloc);
+  // An alignment whose slack would wrap the guard itself.
+  CHECK_THROWS_AS((void)dos::HostResource{true}.allocate(std::size_t{4} << 20, std::size_t{1} << 63), std::bad_alloc);
   // A size that fits, but that no system has: the mapping fails. (Not asked of the C
   // allocator here: under AddressSanitizer, a request that large ends the process.)
   CHECK_THROWS_AS((void)dos::HostResource{true}.allocate(std::size_t{1} << 62, 64), std::bad_alloc);

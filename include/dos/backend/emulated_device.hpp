@@ -79,10 +79,11 @@ using Clock = std::chrono::steady_clock;
 inline constexpr unsigned char poison_byte = 0xFF;
 
 /// @brief Device memory: host allocations with a capacity and NaN poisoning. Blocks of
-///        2 MiB and more lie on fresh huge-page mappings (`HostResource`), so that
-///        the device Adam's speed does not depend on which pages the process freed
-///        before: on reused heap memory, copies of one optimizer held their blocks on
-///        anything from 4 KiB to 2 MiB pages.
+///        2 MiB and more lie, on Linux, on fresh huge-page mappings (`HostResource`,
+///        whatever `CpuConfig::huge_pages` says), so that the device Adam's memory
+///        never depends on what the process freed before, as the state's did
+///        (docs/design.md, "Huge pages"). The capacity counts the bytes asked for,
+///        not the rounding of each block to 2 MiB.
 class DeviceMemory {
  public:
   DeviceMemory() = default;
@@ -94,7 +95,13 @@ class DeviceMemory {
       state_->used.fetch_sub(bytes);
       throw std::bad_alloc();
     }
-    void* p = HostResource{true}.allocate(bytes, std::max<std::size_t>(alignment, 64));
+    void* p = nullptr;
+    try {
+      p = HostResource{true}.allocate(bytes, std::max<std::size_t>(alignment, 64));
+    } catch (...) {
+      state_->used.fetch_sub(bytes);  // nothing was taken
+      throw;
+    }
     std::memset(p, poison_byte, bytes);
     return p;
   }

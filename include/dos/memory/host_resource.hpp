@@ -103,15 +103,18 @@ inline std::size_t collapse_to_huge_pages(std::vector<HostRange> ranges) {
   return moved;
 }
 
-/// @brief Aligned host memory. With `huge_pages`, blocks of 2 MiB and more are fresh
-///        anonymous mappings, 2 MiB aligned and advised for transparent huge pages
-///        before anything touches them, which cuts TLB misses in the bandwidth-bound
-///        update. Fresh, because advice cannot change pages already there: a block
-///        the C allocator handed back from memory freed before kept whatever pages it
-///        had, and in a process that had built and freed optimizers of 64M parameters
-///        twice, the state of the third set lay 38-100% on huge pages, copy by copy
-///        (docs/design.md, "Huge pages"). `deallocate` must get the `bytes` and
-///        `alignment` that `allocate` got, as `std::pmr` asks.
+/// @brief Aligned host memory. With `huge_pages`, on Linux, blocks of 2 MiB and more
+///        are fresh anonymous mappings, 2 MiB aligned and advised for transparent huge
+///        pages before anything touches them (they get them where the kernel's THP
+///        mode is `madvise` or `always` and it has them), which cuts TLB misses in the
+///        bandwidth-bound update. Fresh, because advice cannot change pages already
+///        there: a block the C allocator handed back from memory freed before kept
+///        whatever pages it had, and in a process that had built and freed optimizers
+///        of 64M parameters twice, the state of the third set lay 38-100% on huge
+///        pages, copy by copy (docs/design.md, "Huge pages"). Elsewhere, and for
+///        smaller blocks, `aligned_alloc`. `deallocate` must get the `bytes` and
+///        `alignment` that `allocate` got, on a resource with the same `huge_pages`,
+///        as `std::pmr` asks: they decide whether the block is unmapped or freed.
 struct HostResource {
   bool huge_pages = false;
 
@@ -126,7 +129,8 @@ struct HostResource {
     // A size the rounding below (or the slack of a huge-page mapping) would wrap past
     // zero, a count times an element size that overflowed say, must fail, not return
     // a block of a few bytes.
-    if (bytes > std::numeric_limits<std::size_t>::max() - 2 * std::max(alignment, huge_page_size)) throw std::bad_alloc();
+    constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
+    if (alignment > max / 4 || bytes > max - 2 * std::max(alignment, huge_page_size)) throw std::bad_alloc();
     const Layout l = layout(bytes, alignment);
 #if defined(__linux__)
     if (l.huge) return map_huge(l);
@@ -136,11 +140,15 @@ struct HostResource {
     return p;
   }
   void deallocate(void* p, std::size_t bytes, std::size_t alignment) const noexcept {
+    if (p == nullptr) return;  // as free(nullptr); munmap at 0 could unmap a non-PIE program
 #if defined(__linux__)
     if (const Layout l = layout(bytes, alignment); l.huge) {
       ::munmap(p, l.rounded);
       return;
     }
+#else
+    (void)bytes;
+    (void)alignment;
 #endif
     std::free(p);
   }

@@ -52,6 +52,17 @@ int longest_explored(const ResidentRun& r, std::size_t residents) {
   return longest;
 }
 
+// The step where @p residents' @p nth block (six steps in a row run as a challenger)
+// began, counting from 1; -1 where it had fewer.
+int block_start(const ResidentRun& r, std::size_t residents, int nth) {
+  int streak = 0, blocks = 0;
+  for (std::size_t i = 0; i < r.residents.size(); ++i) {
+    streak = r.residents[i] == residents && r.explored[i] ? streak + 1 : 0;
+    if (streak == 6 && ++blocks == nth) return static_cast<int>(i) - 5;
+  }
+  return -1;
+}
+
 int steps_with(const ResidentRun& r, std::size_t residents, int from = 0) {
   int n = 0;
   for (std::size_t i = static_cast<std::size_t>(from); i < r.residents.size(); ++i) n += r.residents[i] == residents;
@@ -353,16 +364,7 @@ TEST_CASE("a return match's second block is judged with the first: eight pairs, 
   ResidentScenario sc{zen5_link06().predicted, [&](std::size_t r, std::uint32_t k, int) { return with_stride(truth[r], k); }};
   sc.pull = 0.4;
   const ResidentRun plain = drive_resident(ResidentThenStride{}, sc, 300);
-  // Where the second block of six explored steps of 4 began.
-  int second = -1, blocks = 0;
-  for (int i = 0; i + 6 <= 300 && second < 0; ++i) {
-    bool six = true;
-    for (int j = i; j < i + 6; ++j)
-      six = six && plain.residents[static_cast<std::size_t>(j)] == 4 && plain.explored[static_cast<std::size_t>(j)];
-    const bool starts = six && (i == 0 || !(plain.residents[static_cast<std::size_t>(i - 1)] == 4 &&
-                                            plain.explored[static_cast<std::size_t>(i - 1)]));
-    if (starts && ++blocks == 2) second = i;
-  }
+  const int second = block_start(plain, 4, 2);
   REQUIRE(second > 0);
   sc.truth = [&](std::size_t r, std::uint32_t k, int step) {
     return with_stride(truth[r], k) * (r == 4 && step >= second && step < second + 6 ? 1.04 : 1.0);
@@ -388,14 +390,7 @@ TEST_CASE("a return match's second block that reads the challenger slower by the
   ResidentScenario sc{zen5_link06().predicted, [&](std::size_t r, std::uint32_t k, int) { return with_stride(truth[r], k); }};
   sc.pull = 0.4;
   const ResidentRun plain = drive_resident(ResidentThenStride{}, sc, 300);
-  // Where the first block of six explored steps of 4 began.
-  int first = -1;
-  for (int i = 0; i + 6 <= 300 && first < 0; ++i) {
-    bool six = true;
-    for (int j = i; j < i + 6; ++j)
-      six = six && plain.residents[static_cast<std::size_t>(j)] == 4 && plain.explored[static_cast<std::size_t>(j)];
-    if (six) first = i;
-  }
+  const int first = block_start(plain, 4, 1);
   REQUIRE(first > 0);
   sc.truth = [&](std::size_t r, std::uint32_t k, int step) {
     const double four = step < first ? truth[4] : step < first + 6 ? 0.75 : 0.92;

@@ -21,6 +21,10 @@
 // time), and the step's bare kernel over the probe's arrays. A verdict follows: the
 // step, the best probe and the parts again, alone, in twice as many rounds.
 //   Run: build/release/bench/bench_cpu_adam --paired=15
+//
+// --calibration[=rounds]: the step's rate over the CPU rate calibrate() measures, with
+// the backend's pinned memory on huge pages and on 4 KiB pages (run_calibration).
+//   Run: build/release/bench/bench_cpu_adam --calibration=12
 
 #include <benchmark/benchmark.h>
 #include <dos/cpu/bandwidth_probe.hpp>
@@ -33,6 +37,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -300,6 +305,53 @@ int run_paired(int rounds) {
   return 0;
 }
 
+// ---- --calibration ----------------------------------------------------------------
+
+// How well the calibrated CPU rate predicts the step. calibrate() measures the CPU's
+// Adam over the backend's pinned memory, where the state lives: an emulated device whose
+// pinned memory is on huge pages (the default, as the state is) and one whose pinned
+// memory is on 4 KiB pages (where calibration measured before 2026-12-07), each against
+// the all-CPU step of a 64M-parameter optimizer on one thread, in rounds that alternate
+// the order. The table gives the step's rate over each calibrated rate (1: the model
+// predicts the step; 2: it predicts it twice as slow).
+int run_calibration(int rounds) {
+  const std::size_t elements = std::size_t{64} << 20, subgroup = std::size_t{1} << 20;
+  std::vector<float> values(elements, 0.5f), grad(elements, 1e-3f);
+  std::vector<dos::HostParam<float>> params;
+  for (std::size_t off = 0; off < elements; off += subgroup)
+    params.push_back({std::span(values).subspan(off, subgroup), std::span(grad).subspan(off, subgroup)});
+  dos::InterleavedOptimizer<> opt(params, dos::AdamW{}, dos::Options{.subgroup_elements = subgroup, .threads = 1});
+  opt.step();  // first touch
+  dos::cpu::CpuAdamExecutor cpu({.threads = 1});
+  dos::EmulatedDeviceBackend huge({.threads = 1}, {}), small({.threads = 1, .huge_pages = false}, {});
+  std::vector<double> over_huge, over_small;
+  fmt::print("64M parameters, one thread; rates in M parameters/s\n");
+  for (int r = 0; r < rounds; ++r) {
+    double rate_huge = 0, rate_small = 0, step = 0;
+    const auto time_step = [&] {
+      double best = std::numeric_limits<double>::infinity();
+      for (int i = 0; i < 3; ++i) best = std::min(best, opt.step().seconds);
+      step = static_cast<double>(elements) / best;
+    };
+    if (r % 2 == 0) {
+      rate_huge = dos::calibrate(huge, cpu).cpu_rate;
+      rate_small = dos::calibrate(small, cpu).cpu_rate;
+      time_step();
+    } else {
+      time_step();
+      rate_small = dos::calibrate(small, cpu).cpu_rate;
+      rate_huge = dos::calibrate(huge, cpu).cpu_rate;
+    }
+    over_huge.push_back(step / rate_huge);
+    over_small.push_back(step / rate_small);
+    fmt::print("  round {:2}: calibrated on huge pages {:5.0f}, on 4 KiB pages {:5.0f}; the step {:5.0f}\n", r,
+               rate_huge / 1e6, rate_small / 1e6, step / 1e6);
+  }
+  fmt::print("the step's rate over the calibrated rate, median [range]: huge pages {}, 4 KiB pages {}\n",
+             ratio_cell(over_huge), ratio_cell(over_small));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -307,6 +359,8 @@ int main(int argc, char** argv) {
     const std::string_view a = argv[i];
     if (a == "--paired") return run_paired(15);
     if (a.starts_with("--paired=")) return run_paired(std::max(3, std::atoi(argv[i] + 9)));
+    if (a == "--calibration") return run_calibration(12);
+    if (a.starts_with("--calibration=")) return run_calibration(std::max(2, std::atoi(argv[i] + 14)));
   }
   register_all();
   benchmark::Initialize(&argc, argv);

@@ -66,8 +66,12 @@ HardwareProfile calibrate(B& b, E& cpu, const CalibrationSizes& sizes = {}) {
   HardwareProfile p;
   const std::size_t n = sizes.cpu_elements;
 
-  // CPU Adam, on the executor the optimizer will use.
-  HostBuffer<float> param(n), grad(n), m(n), v(n);
+  // CPU Adam, on the executor the optimizer will use, over the memory its state lives
+  // in: the backend's pinned memory (docs/design.md, "Calibrating on the state's
+  // memory").
+  using Pinned = std::remove_cvref_t<decltype(b.pinned_memory())>;
+  HostBuffer<float, Pinned> param(n, b.pinned_memory()), grad(n, b.pinned_memory()), m(n, b.pinned_memory()),
+      v(n, b.pinned_memory());
   std::fill_n(grad.data(), n, 1e-3f);
   cpu::SegmentWork work;
   work.args = {param.data(), grad.data(), nullptr, m.data(), v.data(), nullptr};

@@ -6,8 +6,10 @@
 ///        backend; the cost model below only consumes its result.
 ///
 /// Each rate is the best of a few short repetitions (the least disturbed one):
-///  - CPU Adam on the optimizer's own executor and threads (fp32, 28 B/param);
-///  - host DRAM: the Adam-shaped probe on every thread this process may use;
+///  - CPU Adam on the optimizer's own executor and threads (fp32, 28 B/param), over
+///    the backend's pinned memory, where the state lives;
+///  - host DRAM: the Adam-shaped probe over the same arrays, on every thread this
+///    process may use;
 ///  - pinned h2d and d2h bandwidth, each alone, then both at once to tell a duplex
 ///    link from a shared one;
 ///  - device Adam over a device-resident scratch block, timed with device events.
@@ -95,8 +97,7 @@ HardwareProfile calibrate(B& b, E& cpu, const CalibrationSizes& sizes = {}) {
 
   // The link.
   const std::size_t bytes = sizes.copy_bytes;
-  HostBuffer<std::byte, std::remove_cvref_t<decltype(b.pinned_memory())>> host_a(bytes, b.pinned_memory()),
-      host_b(bytes, b.pinned_memory());
+  HostBuffer<std::byte, Pinned> host_a(bytes, b.pinned_memory()), host_b(bytes, b.pinned_memory());
   DeviceBuffer<std::remove_cvref_t<decltype(b.device_memory())>> dev_a(bytes, b.device_memory()),
       dev_b(bytes, b.device_memory());
   auto up = b.make_stream();

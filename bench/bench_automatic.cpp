@@ -44,6 +44,21 @@
 //               (in run AO at 64M, resident_then_stride's steps of static_fraction's
 //               16 residents read 1.21-1.22x static_fraction's in two runs)
 //
+//   placed      the same ratios with each copy's placement taken out. After the
+//               run every contender runs all-CPU for `kPlacementRounds` rounds in a
+//               shuffled order; a copy's placement is the median of its step over
+//               the round's median step, and a ratio a/b "placed" is multiplied by
+//               b's placement over a's. On the EPYC VM (2026-12-07, bench_copies)
+//               one all-CPU copy of six ran at 1.12x the median copy, and in probes
+//               copies spread over 0.97-1.14x, each at the same ratio in the first
+//               and the second half of the rounds: a property of where the copy's
+//               memory lies, not of the machine's phases, and one no policy can
+//               choose. The raw ratios carry it on both sides; the placed ones
+//               carry instead the check's own error, about 1-2% (cpu/cpu placed, the
+//               same plan on both sides, shows it: in run AV, where the copies spread
+//               over only 0.97-1.05, it was no tighter than cpu/cpu; see
+//               docs/policy-runs.md). The bounds are judged on the raw ratios
+//
 // The emulated device's streams run on a CPU of their own and the contenders' CPU side
 // on the others (device_cpus.hpp; DOS_BENCH_PIN=0 leaves both to the OS): unpinned, the
 // OS sometimes ran a contender's device Adam on the CPU side's core for its whole life,
@@ -64,8 +79,8 @@
 // last half (see run_once), its ratios above, the automatic policy's k step by step
 // (E: an exploring step), each of its steps over the same plan's fixed contender,
 // resident_then_stride's residents and k step by step (r9k3E: 9 resident, k = 3,
-// explored), its update times as it measured them (without the moves), and the late
-// medians.
+// explored), its update times as it measured them (without the moves), the late
+// medians, and each copy's placement.
 
 #include "device_cpus.hpp"
 
@@ -163,10 +178,41 @@ struct Contender {
   std::vector<double> measured;  // what the policy measured of it (the update, not the moves after it)
   std::vector<std::uint32_t> strides;  // the stride each step streamed the others at (0: none streamed)
   std::vector<std::size_t> residents;  // the subgroups each step kept resident
+  double placement = 1;  // its all-CPU step over the median copy's, after the run
+};
+
+// Rounds of the placement check after each run (see the file comment).
+constexpr int kPlacementRounds = 40;
+
+// Both bounds of issue 11 on one run: over the best fixed contender, and over all-CPU.
+bool meets(double over_best, double over_cpu) { return over_best <= 1.05 && over_cpu <= 1.02; }
+
+// One run's ratios that the bounds are judged on, and the all-CPU control beside them.
+struct Ratios {
+  double auto_best = 0, auto_cpu = 0, rts_best = 0, rts_cpu = 0, rts_sf = 0, cpu_cpu = 0;
+};
+
+// The runs' ratios of one table cell, column by column, and the runs that met the
+// bounds.
+struct Columns {
+  std::vector<double> best, cpu, rts_best, rts_cpu, rts_sf, control;
+  int ok = 0, rts_ok = 0;
+  void add(const Ratios& r) {
+    best.push_back(r.auto_best);
+    cpu.push_back(r.auto_cpu);
+    rts_best.push_back(r.rts_best);
+    rts_cpu.push_back(r.rts_cpu);
+    rts_sf.push_back(r.rts_sf);
+    control.push_back(r.cpu_cpu);
+    ok += meets(r.auto_best, r.auto_cpu);
+    rts_ok += meets(r.rts_best, r.rts_cpu);
+  }
 };
 
 struct RunResult {
-  double auto_best = 0, auto_cpu = 0, rts_best = 0, rts_cpu = 0, rts_sf = 0, cpu_cpu = 0, sf_sf = 0, best_best = 0;
+  Ratios raw;
+  Ratios placed;  // each copy's placement taken out (see the file comment)
+  double sf_sf = 0, best_best = 0;
   // The fixed contender fastest over the first half, run through the last half: what a
   // policy that knew the first half exactly, and then stayed, would have met.
   double early_best = 0, early_cpu = 0, rts_early_best = 0, rts_early_cpu = 0;
@@ -194,9 +240,6 @@ double half_median(const Contender& c, bool late = true) {
   return late ? median(std::vector<double>(half, c.seconds.end())) : median(std::vector<double>(c.seconds.begin(), half));
 }
 double late_median(const Contender& c) { return half_median(c); }
-
-// Both bounds of issue 11 on one run: over the best fixed contender, and over all-CPU.
-bool meets(double over_best, double over_cpu) { return over_best <= 1.05 && over_cpu <= 1.02; }
 
 // The median, over the last half of the steps, of a's time over b's in the same round:
 // the machine's bandwidth moves from minute to minute, and one slow step would weigh
@@ -349,11 +392,11 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
   const auto [best, any_best] = fastest(true);
   const auto [early, any_early] = fastest(false);
   RunResult out;
-  out.auto_best = paired(named("automatic"), *best);
-  out.auto_cpu = paired(named("automatic"), named("all_cpu"));
-  out.rts_sf = paired(named("resident_then_stride"), named("static_fraction"));
-  out.rts_best = paired(named("resident_then_stride"), *any_best);
-  out.rts_cpu = paired(named("resident_then_stride"), named("all_cpu"));
+  out.raw.auto_best = paired(named("automatic"), *best);
+  out.raw.auto_cpu = paired(named("automatic"), named("all_cpu"));
+  out.raw.rts_sf = paired(named("resident_then_stride"), named("static_fraction"));
+  out.raw.rts_best = paired(named("resident_then_stride"), *any_best);
+  out.raw.rts_cpu = paired(named("resident_then_stride"), named("all_cpu"));
   out.early = early->name;
   out.rts_early = any_early->name;
   out.early_best = paired(*early, *best);
@@ -363,10 +406,10 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
   const auto& rts = named("resident_then_stride");
   out.rts_settled = rts.opt->policy().target<dos::ResidentThenStride>()->explorer.settled_after();
   out.residents = rts.opt->policy().target<dos::ResidentThenStride>()->explorer.chosen();
-  out.cpu_cpu = paired(named("all_cpu_again"), named("all_cpu"));
+  out.raw.cpu_cpu = paired(named("all_cpu_again"), named("all_cpu"));
   out.sf_sf = paired(named("static_fraction_again"), named("static_fraction"));
   out.best = best->name;
-  out.best_best = best->name == "all_cpu" ? out.cpu_cpu
+  out.best_best = best->name == "all_cpu" ? out.raw.cpu_cpu
                   : stride_copies         ? paired(named(best->name + "_again"), *best)
                                           : std::numeric_limits<double>::quiet_NaN();
   // The same plan on the policy's copy and on the fixed contender's: what of a ratio
@@ -398,6 +441,35 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
       out.rts_same, out.rts_same_steps);
   out.settled = a.opt->policy().target<dos::AutomaticStride>()->explorer.settled_after();
   out.k = a.opt->timeline().plan.stride;
+  // The placement check: every copy runs the same plan, all-CPU, in one order shuffled
+  // afresh each round (residents move back to the host when the policy is set). The
+  // first two rounds are not counted: a copy's first all-CPU step after streaming or
+  // keeping residents may still be settling.
+  for (Contender& c : cs) c.opt->set_policy(dos::AllCpu{});
+  {
+    std::vector<std::size_t> all(cs.size());
+    std::iota(all.begin(), all.end(), std::size_t{0});
+    std::vector<std::vector<double>> over(cs.size());
+    std::vector<double> t(cs.size());
+    for (int round = 0; round < kPlacementRounds + 2; ++round) {
+      std::shuffle(all.begin(), all.end(), shuffle);
+      for (const std::size_t i : all) t[i] = cs[i].opt->step().seconds;
+      if (round < 2) continue;
+      const double mid = median(t);
+      for (std::size_t i = 0; i < cs.size(); ++i) over[i].push_back(t[i] / mid);
+    }
+    for (std::size_t i = 0; i < cs.size(); ++i) cs[i].placement = median(over[i]);
+  }
+  if (trace) {
+    std::string line;
+    for (const Contender& c : cs) line += fmt::format(" {} {:.3f}", c.name, c.placement);
+    fmt::print("  placement (all-CPU step over the median copy's):{}\n", line);
+  }
+  const auto placed = [&](double ratio, const Contender& x, const Contender& y) { return ratio * y.placement / x.placement; };
+  out.placed = {placed(out.raw.auto_best, a, *best), placed(out.raw.auto_cpu, a, named("all_cpu")),
+                placed(out.raw.rts_best, rts, *any_best), placed(out.raw.rts_cpu, rts, named("all_cpu")),
+                placed(out.raw.rts_sf, rts, named("static_fraction")),
+                placed(out.raw.cpu_cpu, named("all_cpu_again"), named("all_cpu"))};
   return out;
 }
 
@@ -446,13 +518,15 @@ int main(int argc, char** argv) {
   const Settings s = parse(argc, argv);
   fmt::print("{} runs of {} steps; medians of paired ratios over the last half; median (worst) over the runs\n",
              s.runs, s.steps);
-  fmt::print("{:>5} {:>6} | {:>13} | {:>13} | {:>7} | {:>9} | {:>9} | {:>13} | {:>13} | {:>13} | {:>7} | {:>9} | {:>9} | {:>19} | {:>21} | {:>21} | {:>22} | {:>7} | {:>7} | {:>25} | {:>25}\n",
+  fmt::print("{:>5} {:>6} | {:>13} | {:>13} | {:>7} | {:>9} | {:>9} | {:>13} | {:>13} | {:>13} | {:>7} | {:>9} | {:>9} | {:>19} | {:>21} | {:>21} | {:>22} | {:>7} | {:>7} | {:>25} | {:>25} | {:>16} | {:>15} | {:>5} | {:>15} | {:>14} | {:>13} | {:>5} | {:>21}\n",
              "link", "params", "auto/best", "auto/cpu", "met", "settled", "final k", "rts/best", "rts/cpu", "rts/sf",
-             "met", "settled", "residents", "best fixed", "cpu/cpu", "sf/sf", "k/k (best fixed)", "early", "rts early", "auto same plan", "rts same plan");
+             "met", "settled", "residents", "best fixed", "cpu/cpu", "sf/sf", "k/k (best fixed)", "early", "rts early", "auto same plan", "rts same plan",
+             "auto/best placed", "auto/cpu placed", "met", "rts/best placed", "rts/cpu placed", "rts/sf placed", "met",
+             "cpu/cpu placed");
   const auto elements_of = [](double size) { return static_cast<std::size_t>(size * (1 << 20)); };
   std::vector<bool> copies_at;  // per size, decided (and said) once
   for (const double size : s.sizes) copies_at.push_back(stride_copies_fit(s, elements_of(size)));
-  bool met = true, rts_met = true;
+  bool met = true, rts_met = true, placed_met = true, rts_placed_met = true;
   const std::vector<int> device = bench::device_cpus();
   for (const double link : s.links) {
     const dos::EmulatedLink m = dos::emulated_link(link, device);
@@ -461,22 +535,18 @@ int main(int argc, char** argv) {
       const std::size_t elements = elements_of(size);
       const bool copies = copies_at[z];
       const std::vector<float> grad(elements, 1e-3f);
-      std::vector<double> best, cpu, rts_best, rts_cpu, rts_sf, control, sf_control, best_control, settled, rts_settled;
+      Columns raw, placed;  // the runs' ratios, and with each copy's placement taken out
+      std::vector<double> sf_control, best_control, settled, rts_settled;
       std::vector<double> auto_same, rts_same;
       std::string ks, bests, residents;
-      int auto_ok = 0, rts_ok = 0;  // runs that met both bounds
       int early_ok = 0, rts_early_ok = 0;  // runs where the first half's best would have met them
       for (int run = 0; run < s.runs; ++run) {
         if (s.trace) fmt::print("  run {} of link {}, {}M:\n", run + 1, link, size);
         const RunResult r = run_once(m, elements, grad, s, s.trace, copies);
-        best.push_back(r.auto_best);
-        cpu.push_back(r.auto_cpu);
-        rts_best.push_back(r.rts_best);
-        rts_cpu.push_back(r.rts_cpu);
-        rts_sf.push_back(r.rts_sf);
+        raw.add(r.raw);
+        placed.add(r.placed);
         auto_same.push_back(r.auto_same);
         rts_same.push_back(r.rts_same);
-        control.push_back(r.cpu_cpu);
         sf_control.push_back(r.sf_sf);
         if (!std::isnan(r.best_best)) best_control.push_back(r.best_best);
         settled.push_back(static_cast<double>(r.settled));
@@ -484,31 +554,41 @@ int main(int argc, char** argv) {
         ks += fmt::format("{}{}", run == 0 ? "" : ",", r.k);
         residents += fmt::format("{}{}", run == 0 ? "" : ",", r.residents);
         bests += fmt::format("{}{}", run == 0 ? "" : ",", r.best == "all_cpu" ? "cpu" : r.best.substr(7));
-        auto_ok += meets(r.auto_best, r.auto_cpu);
-        rts_ok += meets(r.rts_best, r.rts_cpu);
         early_ok += meets(r.early_best, r.early_cpu);
         rts_early_ok += meets(r.rts_early_best, r.rts_early_cpu);
         if (s.trace)
           fmt::print("  run {}: auto/best {:.3f} auto/cpu {:.3f} rts/best {:.3f} rts/cpu {:.3f} rts/sf {:.3f}; "
                      "first half's best {} over the best {:.3f}, over all-CPU {:.3f}; with static_fraction {} "
                      "{:.3f}, {:.3f}; same plan: automatic {:.3f} over {} steps, resident_then_stride {:.3f} over {}\n",
-                     run + 1, r.auto_best, r.auto_cpu, r.rts_best, r.rts_cpu, r.rts_sf, r.early, r.early_best,
+                     run + 1, r.raw.auto_best, r.raw.auto_cpu, r.raw.rts_best, r.raw.rts_cpu, r.raw.rts_sf, r.early, r.early_best,
                      r.early_cpu, r.rts_early, r.rts_early_best, r.rts_early_cpu, r.auto_same, r.auto_same_steps,
                      r.rts_same, r.rts_same_steps);
+        if (s.trace)
+          fmt::print("  run {}, placement taken out: auto/best {:.3f} auto/cpu {:.3f} rts/best {:.3f} rts/cpu {:.3f} "
+                     "rts/sf {:.3f} cpu/cpu {:.3f}\n",
+                     run + 1, r.placed.auto_best, r.placed.auto_cpu, r.placed.rts_best, r.placed.rts_cpu,
+                     r.placed.rts_sf, r.placed.cpu_cpu);
       }
       const auto worst = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
-      met = met && auto_ok == s.runs;
-      rts_met = rts_met && rts_ok == s.runs;
-      fmt::print("{:>5} {:>5}M | {:>13} | {:>13} | {:>7} | {:>3.0f} ({:>3.0f}) | {:>9} | {:>13} | {:>13} | {:>13} | {:>7} | {:>3.0f} ({:>3.0f}) | {:>9} | {:>19} | {} | {} | {:>22} | {:>7} | {:>7} | {:>25} | {:>25}\n",
-                 link, size, spread(best), spread(cpu), fmt::format("{}/{}", auto_ok, s.runs), median(settled),
-                 worst(settled), ks, spread(rts_best), spread(rts_cpu), spread(rts_sf),
-                 fmt::format("{}/{}", rts_ok, s.runs), median(rts_settled), worst(rts_settled), residents, bests,
-                 range(control), range(sf_control), range(best_control), fmt::format("{}/{}", early_ok, s.runs),
-                 fmt::format("{}/{}", rts_early_ok, s.runs), same_range(auto_same, s.runs), same_range(rts_same, s.runs));
+      met = met && raw.ok == s.runs;
+      rts_met = rts_met && raw.rts_ok == s.runs;
+      placed_met = placed_met && placed.ok == s.runs;
+      rts_placed_met = rts_placed_met && placed.rts_ok == s.runs;
+      fmt::print("{:>5} {:>5}M | {:>13} | {:>13} | {:>7} | {:>3.0f} ({:>3.0f}) | {:>9} | {:>13} | {:>13} | {:>13} | {:>7} | {:>3.0f} ({:>3.0f}) | {:>9} | {:>19} | {} | {} | {:>22} | {:>7} | {:>7} | {:>25} | {:>25} | {:>16} | {:>15} | {:>5} | {:>15} | {:>14} | {:>13} | {:>5} | {:>21}\n",
+                 link, size, spread(raw.best), spread(raw.cpu), fmt::format("{}/{}", raw.ok, s.runs), median(settled),
+                 worst(settled), ks, spread(raw.rts_best), spread(raw.rts_cpu), spread(raw.rts_sf),
+                 fmt::format("{}/{}", raw.rts_ok, s.runs), median(rts_settled), worst(rts_settled), residents, bests,
+                 range(raw.control), range(sf_control), range(best_control), fmt::format("{}/{}", early_ok, s.runs),
+                 fmt::format("{}/{}", rts_early_ok, s.runs), same_range(auto_same, s.runs), same_range(rts_same, s.runs),
+                 spread(placed.best), spread(placed.cpu), fmt::format("{}/{}", placed.ok, s.runs), spread(placed.rts_best),
+                 spread(placed.rts_cpu), spread(placed.rts_sf), fmt::format("{}/{}", placed.rts_ok, s.runs),
+                 range(placed.control));
       std::fflush(stdout);
     }
   }
   fmt::print("targets (auto/best <= 1.05 and auto/cpu <= 1.02 in every run): {}\n", met ? "met" : "NOT met");
   fmt::print("targets (rts/best <= 1.05 and rts/cpu <= 1.02 in every run): {}\n", rts_met ? "met" : "NOT met");
+  fmt::print("with each copy's placement taken out: automatic {}, resident_then_stride {}\n", placed_met ? "met" : "NOT met",
+             rts_placed_met ? "met" : "NOT met");
   return 0;
 }

@@ -50,7 +50,7 @@
 //               the round's median step, and a ratio a/b "placed" is multiplied by
 //               b's placement over a's. On the EPYC VM (2026-12-07, bench_copies)
 //               one all-CPU copy of six ran at 1.12x the median copy, and in probes
-//               copies spread over 0.97-1.14x, each at the same ratio in the first
+//               copies spread over 0.94-1.14x, each at the same ratio in the first
 //               and the second half of the rounds: a property of where the copy's
 //               memory lies, not of the machine's phases, and one no policy can
 //               choose. The raw ratios carry it on both sides; the placed ones

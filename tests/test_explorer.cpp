@@ -393,6 +393,54 @@ TEST_CASE("duels: all-CPU gets its playoff even when its sweep steps were far sl
   }
 }
 
+TEST_CASE("duels: all-CPU's playoff comes second at the latest, before the farther strides") {
+  // The scripted EPYC machine at link 2 (epyc_link2) without noise, but for all-CPU's
+  // sweep steps, 1.3x slow: k = 8 leads after the sweep, and 7, 6, 5 and 4 come within
+  // `close` of it. Fastest first, all-CPU's playoff would wait for four of theirs (32
+  // steps, at 1.04-1.22x its time); it comes right after the nearest stride's, and wins.
+  const std::vector<double> truth{1.0, 3.87, 2.23, 1.77, 1.39, 1.3, 1.2, 1.18, 1.14};
+  const std::vector<double> predicted{1.0, 2.8, 1.5, 1.2, 1.0, 0.95, 0.9, 0.9, 0.92};
+  constexpr int sweep = 27;
+  int slow_cpu_steps = 0;
+  const Scenario sc{predicted, [&](std::uint32_t k, int step) {
+                      const bool slow = k == 0 && step < sweep;
+                      slow_cpu_steps += slow;
+                      return truth[k] * (slow ? 1.3 : 1.0);
+                    }};
+  constexpr int steps = 120;
+  const Run r = drive(AutomaticStride{}, sc, steps);
+  REQUIRE(slow_cpu_steps >= 1);
+  const auto after_sweep = r.k.begin() + sweep;
+  const auto first_cpu = std::find(after_sweep, r.k.end(), 0u);
+  REQUIRE(first_cpu != r.k.end());
+  // Before all-CPU's playoff: the incumbent's steps and one stride's playoff.
+  std::vector<std::uint32_t> before(after_sweep, first_cpu);
+  std::sort(before.begin(), before.end());
+  before.erase(std::unique(before.begin(), before.end()), before.end());
+  CHECK(before.size() <= 2);
+  CHECK(settled(r, 0) <= sweep + 2 * 2 * StrideExplorer::confirm_pairs);
+  CHECK(r.mean(steps / 2, steps) <= 1.02 * truth[0]);
+  CHECK(r.reckless == 0);
+}
+
+TEST_CASE("duels: all-CPU's one sweep step 2.4x slow, and the model refined by it: all-CPU is still within reach") {
+  // What bench_automatic met on the EPYC VM (link 2, 16M, 2026-12-07): all-CPU's one
+  // sweep step, the run's first, ran 2.4x its time, and the model, refined by that
+  // step, predicted it 1.7x. Judged by that step's median, all-CPU was more than twice
+  // k = 8's time and never ran again; judged by the model's prediction, lower, it is
+  // within reach, gets its playoff, and wins.
+  const std::vector<double> truth{1.0, 3.87, 2.23, 1.77, 1.39, 1.3, 1.2, 1.18, 1.14};
+  const std::vector<double> predicted{1.7, 2.8, 1.5, 1.2, 1.0, 0.95, 0.9, 0.9, 0.92};
+  int runs_of_cpu = 0;
+  const Scenario sc{predicted, [&](std::uint32_t k, int) { return truth[k] * (k == 0 && runs_of_cpu++ == 0 ? 2.4 : 1.0); }};
+  constexpr int steps = 120;
+  const Run r = drive(AutomaticStride{}, sc, steps);
+  REQUIRE(runs_of_cpu >= 1);
+  CHECK(settled(r, 0) <= 60);
+  CHECK(r.mean(steps / 2, steps) <= 1.02 * truth[0]);
+  CHECK(r.reckless == 0);
+}
+
 TEST_CASE("duels: steps 1.2-2.5x slow one in eight; all-CPU's one slow sweep step does not rule it out for good") {
   // All-CPU truly the best, k = 8 10% behind with the model promising it faster. Where
   // all-CPU's one sweep step fell on a slow step (2.3x), it measured out of reach of

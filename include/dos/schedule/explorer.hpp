@@ -194,7 +194,8 @@ struct ExploreSettings {
 /// last measurement is stale (after `stale_after` steps if it was close to the best or the
 /// refined model's prediction for it fell by more than `close` since, proportionally
 /// later the slower it measured). Nothing estimated more than `max_slowdown` times
-/// slower than the best measured candidate is ever explored. While candidates remain
+/// slower than the best measured candidate is ever explored (all-CPU is judged by the
+/// model's prediction or its fastest kept step where either is lower than its estimate). While candidates remain
 /// unmeasured, exploring is due every step (the model's guess is not yet checked);
 /// afterwards at most once in `explore_every` steps, so re-checking a candidate costs
 /// on average at most `close / stale_after` of a step (0.125% by default).
@@ -228,7 +229,9 @@ struct ExploreSettings {
 ///   or, over inherited records (`inherit`), beat it by the margin (they were scaled
 ///   from another residency, where streaming cost otherwise; within `close` again
 ///   where `inherit` was asked to play off the near ones);
-///   fastest first (all-CPU first instead delayed settling on noisy machines); any
+///   fastest first, but all-CPU's second at the latest (first, it delayed settling on
+///   noisy machines; after the sweep's fastest four, it came too late where its sweep
+///   steps ran slow); any
 ///   duel won judges those still due again, against the winner, and
 ///   drops those no longer near it by the same bar (all-CPU keeps its own);
 /// - *challenges*, by a candidate whose fastest kept step (a re-check refreshes it)
@@ -286,6 +289,12 @@ class StrideExplorer {
       double f = std::numeric_limits<double>::infinity();
       for (std::uint32_t i = std::max<std::uint32_t>(fresh_from, kept > window ? kept - static_cast<std::uint32_t>(window) : 0u); i < kept; ++i)
         f = std::min(f, seconds[i % window]);
+      return f;
+    }
+    /// @brief The fastest of the kept measurements, whenever taken; infinite if none.
+    double fastest_kept() const noexcept {
+      double f = std::numeric_limits<double>::infinity();
+      for (std::uint32_t i = 0; i < std::min<std::uint32_t>(kept, window); ++i) f = std::min(f, seconds[i]);
       return f;
     }
     /// @brief What this candidate is believed to take: measured where it was.
@@ -561,9 +570,20 @@ class StrideExplorer {
   }
 
   // Whether candidate k may run at all: nothing slower than @p reach, `max_slowdown`
-  // times the best measured estimate (judged by `Record::reach_estimate`).
+  // times the best measured estimate (judged by `Record::reach_estimate`). All-CPU is
+  // judged by the model's prediction or its fastest kept step where either is lower:
+  // it is what the policy must never be slower than, the model's prediction for it
+  // streams nothing and is the one it makes best, and a step is slowed, hardly ever
+  // sped up. On the EPYC VM at link 2 (2026-12-07, bench_automatic run 3 at 16M)
+  // all-CPU's one sweep step, the run's first, took 2.4x its later time; the median
+  // of that one step put it out of reach of k = 8 (the model, refined by the same
+  // step, predicted it 1.7x its time, so the odd-steps rule of `reach_estimate` did
+  // not apply), it never ran again, and the late half ran 1.15x all-CPU's time.
   bool within_reach(std::uint32_t k, double reach) const noexcept {
-    return records_[k].feasible && records_[k].reach_estimate(max_slowdown_) <= reach;
+    const Record& c = records_[k];
+    if (!c.feasible) return false;
+    if (k == 0 && std::min(c.predicted, c.fastest_kept()) <= reach) return true;
+    return c.reach_estimate(max_slowdown_) <= reach;
   }
 
   // The candidate with the lowest estimate; during a sweep, the one that runs. After
@@ -654,6 +674,7 @@ class StrideExplorer {
   // played off as after a sweep.
   void draw_playoffs() {
     playoffs_drawn_ = true;
+    played_off_ = 0;
     for (std::uint32_t k = 0; k < records_.size(); ++k) records_[k].dueled = !(records_[k].kept > 0 && worth_a_playoff(k));
   }
 
@@ -708,10 +729,23 @@ class StrideExplorer {
     // 4 then ran for 40 steps, 4 and 5 at 1.23x all-CPU's time, while k = 8's
     // challenge waited from step 59 to step 84.
     if (challenge([](const Record& r) { return r.duel_wait > 0; })) return;
+    // The playoffs, fastest first, except all-CPU's, which comes second at the latest.
+    // On the EPYC VM at link 2 (run AV, 2026-12-07) the sweep's all-CPU steps ran slow,
+    // and the playoffs of k = 4-7 ran before its own while stride 7 or 8 held the
+    // place to step 87-105. Run first, its playoff cost the runs where the sweep was
+    // right about the strides (tests/explorer_seeds, 1000 seeds of 120 steps: on
+    // `xeon_16m` 12 runs over 2% instead of 5); second, after the nearest stride's,
+    // it cut `epyc_link2`'s from 51 to 21 for 9 on `xeon_16m` (none over 5%).
     double lowest = std::numeric_limits<double>::infinity();
-    for (std::uint32_t k = 0; k < records_.size(); ++k)
-      if (eligible(k) && !records_[k].dueled && records_[k].fastest() < lowest) lowest = records_[k].fastest(), challenger = k;
-    if (challenger != none) return start_duel(challenger);
+    if (played_off_ > 0 && eligible(0) && !records_[0].dueled)
+      challenger = 0;
+    else
+      for (std::uint32_t k = 0; k < records_.size(); ++k)
+        if (eligible(k) && !records_[k].dueled && records_[k].fastest() < lowest) lowest = records_[k].fastest(), challenger = k;
+    if (challenger != none) {
+      ++played_off_;
+      return start_duel(challenger);
+    }
     challenge([](const Record&) { return true; });
   }
 
@@ -769,6 +803,7 @@ class StrideExplorer {
   std::uint32_t duel_ = none;          // the candidate challenging the incumbent; none: no duel
   detail::DuelScore score_;            // the duel's steps so far
   bool playoffs_drawn_ = false;        // who meets the incumbent after the sweep is decided
+  std::uint32_t played_off_ = 0;       // the playoffs started since they were drawn
   bool inherited_ = false;             // the records are another residency's (inherit)
   bool play_off_near_ = false;         // and all near the incumbent get a playoff (inherit)
   std::int64_t sweep_from_ = 0;        // the step the records last started afresh

@@ -83,6 +83,7 @@
 // medians, and each copy's placement.
 
 #include "device_cpus.hpp"
+#include "rounds.hpp"
 
 #include <dos/optimizer.hpp>
 
@@ -227,11 +228,7 @@ struct RunResult {
   std::string early, rts_early;  // the fixed contenders fastest over the first half
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::median;
 
 // The median of a contender's steps in the last half (the automatic policies settle in
 // the first half), or in the first.
@@ -446,20 +443,9 @@ RunResult run_once(const dos::EmulatedLink& m, std::size_t elements, const std::
   // first two rounds are not counted: a copy's first all-CPU step after streaming or
   // keeping residents may still be settling.
   for (Contender& c : cs) c.opt->set_policy(dos::AllCpu{});
-  {
-    std::vector<std::size_t> all(cs.size());
-    std::iota(all.begin(), all.end(), std::size_t{0});
-    std::vector<std::vector<double>> over(cs.size());
-    std::vector<double> t(cs.size());
-    for (int round = 0; round < kPlacementRounds + 2; ++round) {
-      std::shuffle(all.begin(), all.end(), shuffle);
-      for (const std::size_t i : all) t[i] = cs[i].opt->step().seconds;
-      if (round < 2) continue;
-      const double mid = median(t);
-      for (std::size_t i = 0; i < cs.size(); ++i) over[i].push_back(t[i] / mid);
-    }
-    for (std::size_t i = 0; i < cs.size(); ++i) cs[i].placement = median(over[i]);
-  }
+  const auto over = bench::over_round_median(cs.size(), kPlacementRounds + 2, 2, shuffle,
+                                             [&](std::size_t i) { return cs[i].opt->step().seconds; });
+  for (std::size_t i = 0; i < cs.size(); ++i) cs[i].placement = median(over[i]);
   if (trace) {
     std::string line;
     for (const Contender& c : cs) line += fmt::format(" {} {:.3f}", c.name, c.placement);

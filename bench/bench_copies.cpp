@@ -12,6 +12,7 @@
 //   build/release/bench/bench_copies [copies=6] [rounds=120] [runs=2]
 
 #include "device_cpus.hpp"
+#include "rounds.hpp"
 
 #include <dos/optimizer.hpp>
 
@@ -20,7 +21,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
-#include <numeric>
 #include <random>
 #include <span>
 #include <vector>
@@ -30,11 +30,7 @@ namespace {
 using Optimizer = dos::InterleavedOptimizer<dos::EmulatedDeviceBackend>;
 constexpr std::size_t kSubgroup = 1u << 20;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::median;
 
 }  // namespace
 
@@ -71,16 +67,7 @@ int main(int argc, char** argv) {
       cs.back()->step();  // first touch of the state, outside the measured steps
     }
     std::mt19937 shuffle(static_cast<unsigned>(run) + 1);
-    std::vector<std::size_t> order(cs.size());
-    std::iota(order.begin(), order.end(), std::size_t{0});
-    std::vector<std::vector<double>> over(cs.size());
-    std::vector<double> t(cs.size());
-    for (int round = 0; round < rounds; ++round) {
-      std::shuffle(order.begin(), order.end(), shuffle);
-      for (const std::size_t i : order) t[i] = cs[i]->step().seconds;
-      const double mid = median(t);
-      for (std::size_t i = 0; i < cs.size(); ++i) over[i].push_back(t[i] / mid);
-    }
+    const auto over = bench::over_round_median(cs.size(), rounds, 0, shuffle, [&](std::size_t i) { return cs[i]->step().seconds; });
     fmt::print("run {}:", run + 1);
     for (const std::vector<double>& o : over) {
       const auto half = o.begin() + static_cast<std::ptrdiff_t>(o.size() / 2);

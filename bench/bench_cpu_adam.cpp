@@ -26,6 +26,8 @@
 // the backend's pinned memory on huge pages and on 4 KiB pages (run_calibration).
 //   Run: build/release/bench/bench_cpu_adam --calibration=12
 
+#include "rounds.hpp"
+
 #include <benchmark/benchmark.h>
 #include <dos/cpu/bandwidth_probe.hpp>
 #include <dos/optimizer.hpp>
@@ -121,11 +123,7 @@ struct Contender {
   std::vector<double> seconds;  // one per round
 };
 
-double median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  const std::size_t k = x.size() / 2;
-  return x.size() % 2 == 1 ? x[k] : (x[k - 1] + x[k]) / 2;
-}
+using bench::median;
 
 double quantile(std::vector<double> x, double q) {
   std::sort(x.begin(), x.end());

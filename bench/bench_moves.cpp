@@ -11,6 +11,7 @@
 //   build/release/bench/bench_moves [link=0.6] [runs=5]
 
 #include "device_cpus.hpp"
+#include "rounds.hpp"
 
 #include <dos/optimizer.hpp>
 
@@ -30,11 +31,7 @@ using Optimizer = dos::InterleavedOptimizer<dos::EmulatedDeviceBackend>;
 constexpr std::size_t kSubgroup = 1u << 20;
 constexpr int kSteps = 120, kMoving = 60;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::median;
 
 struct Contender {
   std::vector<float> values;

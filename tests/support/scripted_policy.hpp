@@ -36,6 +36,9 @@ inline std::uint32_t candidate(const Plan& p) {
 struct Scenario {
   std::vector<double> predicted;                         // by k: what the model says
   std::function<double(std::uint32_t k, int step)> truth;  // what the step takes
+  // What the model says at a step, as the steps before refined it; unset: `predicted`
+  // throughout (which stays what it said before any step, for the checks).
+  std::function<double(std::uint32_t k, int step)> refined = {};
 };
 
 struct Run {
@@ -54,7 +57,8 @@ struct Run {
 // Drives @p policy for @p steps as the engine does: choose, run (the script), observe.
 inline Run drive(AnyPolicy policy, const Scenario& sc, int steps) {
   const auto sh = shapes();
-  const auto predict = [&](const Plan& p) { return sc.predicted[candidate(p)]; };
+  int now = 0;  // the step being chosen
+  const auto predict = [&](const Plan& p) { return sc.refined ? sc.refined(candidate(p), now) : sc.predicted[candidate(p)]; };
   const HardwareProfile profile{.cpu_rate = 1e9, .device_rate = 1e12, .h2d_bandwidth = 1e10, .d2h_bandwidth = 1e10};
   const PlanLimits limits{.budget = ~std::size_t{0} / 2, .max_slots = 2};
   Plan scratch;
@@ -72,6 +76,7 @@ inline Run drive(AnyPolicy policy, const Scenario& sc, int steps) {
   Run run;
   StepTimeline t;
   for (int step = 0; step < steps; ++step) {
+    now = step;
     policy.choose({sh, residency, limits, profile, predict, scratch, assignment}, t.plan);
     const std::uint32_t k = candidate(t.plan);
     if (k >= sc.predicted.size()) throw std::logic_error("the policy chose a candidate the scenario does not have");
@@ -85,9 +90,10 @@ inline Run drive(AnyPolicy policy, const Scenario& sc, int steps) {
       const bool odd_steps = !seen[k].empty() && seen[k].size() < 3 &&
                              std::all_of(seen[k].begin(), seen[k].end(), [&](double s) { return s > 2 * sc.predicted[k]; });
       double judged = odd_steps ? sc.predicted[k] : estimate(k);
-      // All-CPU, what the guarantee is measured against, by the model's prediction or
-      // its fastest of the last five steps where either is lower (a step is slowed,
-      // hardly ever sped up; and the model predicts best the plan that streams nothing).
+      // All-CPU, what the guarantee is measured against, by the model's prediction
+      // before any step or its fastest of the last five steps where either is lower (a
+      // step is slowed, hardly ever sped up; and the model predicts best the plan that
+      // streams nothing).
       if (k == 0 && !seen[0].empty())
         judged = std::min({judged, sc.predicted[0], *std::min_element(seen[0].end() - std::min<std::ptrdiff_t>(5, std::ssize(seen[0])), seen[0].end())});
       if (judged > 2 * best * (1 + 1e-12)) ++run.reckless;

@@ -195,7 +195,8 @@ struct ExploreSettings {
 /// refined model's prediction for it fell by more than `close` since, proportionally
 /// later the slower it measured). Nothing estimated more than `max_slowdown` times
 /// slower than the best measured candidate is ever explored (all-CPU is judged by the
-/// model's prediction or its fastest kept step where either is lower than its estimate). While candidates remain
+/// lowest of its estimate, the model's prediction now and before its first step, and
+/// its fastest kept step). While candidates remain
 /// unmeasured, exploring is due every step (the model's guess is not yet checked);
 /// afterwards at most once in `explore_every` steps, so re-checking a candidate costs
 /// on average at most `close / stale_after` of a step (0.125% by default).
@@ -261,6 +262,7 @@ class StrideExplorer {
     std::int64_t backoff = 0;              ///< steps to the re-check after that one
     double predicted = 0;                  ///< the model's prediction, this step
     double predicted_then = 0;             ///< the model's prediction when it was last measured
+    double predicted_before = 0;           ///< the model's prediction before its first measured step
     bool feasible = false;                 ///< its plan fits the staging budget
     std::int64_t duel_at = 0;              ///< the step from which it may challenge again
     std::int64_t duel_wait = 0;            ///< the wait after its last lost duel
@@ -346,6 +348,7 @@ class StrideExplorer {
     for (std::uint32_t k = 0; k <= last; ++k) {
       Record& c = records_[k];
       c.predicted = detail::stride_plan(r, residency, scratch, k);
+      if (c.samples == 0) c.predicted_before = c.predicted;
       c.feasible = k == 0 || scratch.fallback.empty();
       if (!c.feasible) reason = scratch.fallback;
     }
@@ -571,18 +574,21 @@ class StrideExplorer {
 
   // Whether candidate k may run at all: nothing slower than @p reach, `max_slowdown`
   // times the best measured estimate (judged by `Record::reach_estimate`). All-CPU is
-  // judged by the model's prediction or its fastest kept step where either is lower:
-  // it is what the policy must never be slower than, the model's prediction for it
-  // streams nothing and is the one it makes best, and a step is slowed, hardly ever
-  // sped up. On the EPYC VM at link 2 (2026-12-07, bench_automatic run 3 at 16M)
-  // all-CPU's one sweep step, the run's first, took 2.4x its later time; the median
-  // of that one step put it out of reach of k = 8 (the model, refined by the same
-  // step, predicted it 1.7x its time, so the odd-steps rule of `reach_estimate` did
-  // not apply), it never ran again, and the late half ran 1.15x all-CPU's time.
+  // judged by the lowest of the model's prediction, now or before its first step, and
+  // its fastest kept step: it is what the policy must never be slower than, the model
+  // predicts best the plan that streams nothing, and a step is slowed, hardly ever sped
+  // up. On the EPYC VM at link 2 (2026-12-07, bench_automatic run AW, 16M, run 3)
+  // all-CPU's one sweep step, the run's first, took 2.4x its later time; the median of
+  // that one step put it out of reach of k = 8 (the model, refined by the same step,
+  // predicted it 1.7x its time, so the odd-steps rule of `reach_estimate` did not
+  // apply), it never ran again, and the late half ran 1.15x all-CPU's time. In run AX
+  // (64M, run 3) the first step took 2.5x, the refined model predicted it out of reach
+  // too, and its playoff waited to step 96; the prediction before that step did not.
   bool within_reach(std::uint32_t k, double reach) const noexcept {
     const Record& c = records_[k];
     if (!c.feasible) return false;
-    if (k == 0 && std::min(c.predicted, c.fastest_kept()) <= reach) return true;
+    const double before = c.predicted_before > 0 ? c.predicted_before : c.predicted;
+    if (k == 0 && std::min({c.predicted, before, c.fastest_kept()}) <= reach) return true;
     return c.reach_estimate(max_slowdown_) <= reach;
   }
 

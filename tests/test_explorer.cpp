@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 using namespace dos;
@@ -25,6 +26,17 @@ void check_guarantee(const Run& r, const std::vector<double>& truth, int steps) 
   CHECK(late <= 1.02 * best);
   CHECK(late <= 1.02 * truth[0]);  // never slower than all-CPU
   CHECK(r.reckless == 0);
+}
+
+// @p truth, but candidate @p k's steps before step @p until run @p factor times slow
+// (the sweep's steps of it all fell on slow ones); counts them in @p slow_steps.
+Scenario slow_in_sweep(std::vector<double> predicted, std::vector<double> truth, std::uint32_t k, int until, double factor,
+                       int& slow_steps) {
+  return {std::move(predicted), [truth = std::move(truth), k, until, factor, &slow_steps](std::uint32_t c, int step) {
+            const bool slow = c == k && step < until;
+            slow_steps += slow;
+            return truth[c] * (slow ? factor : 1.0);
+          }};
 }
 
 }  // namespace
@@ -300,14 +312,9 @@ TEST_CASE("duels: a candidate whose sweep steps were all slow gets its playoff, 
   // the sweep, in quiet steps, and wins.
   const std::vector<double> truth{1.0, 3.0, 2.5, 2.2, 2.0, 1.8, 1.6, 1.2, 0.91};
   const std::vector<double> predicted{1.0, 3.0, 2.5, 2.2, 2.0, 1.8, 1.6, 1.2, 1.3};
-  std::vector<int> sweep_steps_of_8;
-  const Scenario sc{predicted, [&](std::uint32_t k, int step) {
-                      const bool slow = k == 8 && step < 27;
-                      if (slow) sweep_steps_of_8.push_back(step);
-                      return truth[k] * (slow ? 1.25 : 1.0);
-                    }};
-  const Run r = drive(AutomaticStride{}, sc, 300);
-  REQUIRE(sweep_steps_of_8.size() >= 3);  // the sweep measured it, slow, enough to trust
+  int sweep_steps_of_8 = 0;
+  const Run r = drive(AutomaticStride{}, slow_in_sweep(predicted, truth, 8, 27, 1.25, sweep_steps_of_8), 300);
+  REQUIRE(sweep_steps_of_8 >= 3);  // the sweep measured it, slow, enough to trust
   CHECK(settled(r, 8) <= 60);
   CHECK(r.mean(150, 300) <= 1.02 * 0.91);
   CHECK(r.reckless == 0);
@@ -323,13 +330,8 @@ TEST_CASE("duels: a playoff won judges the playoffs still due again, against the
   const std::vector<double> predicted{1.0, 3.6, 1.9, 1.5, 1.1, 1.1, 0.92, 0.92, 0.88};
   constexpr int sweep = 27;
   int slow_steps_of_8 = 0;
-  const Scenario sc{predicted, [&](std::uint32_t k, int step) {
-                      const bool slow = k == 8 && step < sweep;
-                      slow_steps_of_8 += slow;
-                      return truth[k] * (slow ? 1.3 : 1.0);
-                    }};
   constexpr int steps = 120;
-  const Run r = drive(AutomaticStride{}, sc, steps);
+  const Run r = drive(AutomaticStride{}, slow_in_sweep(predicted, truth, 8, sweep, 1.3, slow_steps_of_8), steps);
   REQUIRE(slow_steps_of_8 >= 3);  // the sweep measured it, slow, enough to trust
   CHECK(settled(r, 8) <= 60);
   const auto after_sweep = r.k.begin() + sweep;
@@ -402,13 +404,8 @@ TEST_CASE("duels: all-CPU's playoff comes second at the latest, before the farth
   const std::vector<double> predicted{1.0, 2.8, 1.5, 1.2, 1.0, 0.95, 0.9, 0.9, 0.92};
   constexpr int sweep = 27;
   int slow_cpu_steps = 0;
-  const Scenario sc{predicted, [&](std::uint32_t k, int step) {
-                      const bool slow = k == 0 && step < sweep;
-                      slow_cpu_steps += slow;
-                      return truth[k] * (slow ? 1.3 : 1.0);
-                    }};
   constexpr int steps = 120;
-  const Run r = drive(AutomaticStride{}, sc, steps);
+  const Run r = drive(AutomaticStride{}, slow_in_sweep(predicted, truth, 0, sweep, 1.3, slow_cpu_steps), steps);
   REQUIRE(slow_cpu_steps >= 1);
   const auto after_sweep = r.k.begin() + sweep;
   const auto first_cpu = std::find(after_sweep, r.k.end(), 0u);

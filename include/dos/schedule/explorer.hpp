@@ -287,16 +287,15 @@ class StrideExplorer {
     ///        are what the duel was about): what it takes when the machine leaves it
     ///        alone, since a step is slowed, hardly ever sped up, by the machine's other
     ///        work. Infinite if there is none.
-    double fastest() const noexcept {
-      double f = std::numeric_limits<double>::infinity();
-      for (std::uint32_t i = std::max<std::uint32_t>(fresh_from, kept > window ? kept - static_cast<std::uint32_t>(window) : 0u); i < kept; ++i)
-        f = std::min(f, seconds[i % window]);
-      return f;
-    }
+    double fastest() const noexcept { return fastest_since(fresh_from); }
     /// @brief The fastest of the kept measurements, whenever taken; infinite if none.
-    double fastest_kept() const noexcept {
+    double fastest_kept() const noexcept { return fastest_since(0); }
+    /// @brief The fastest kept measurement from the @p from-th ever kept on; infinite
+    ///        if none.
+    double fastest_since(std::uint32_t from) const noexcept {
       double f = std::numeric_limits<double>::infinity();
-      for (std::uint32_t i = 0; i < std::min<std::uint32_t>(kept, window); ++i) f = std::min(f, seconds[i]);
+      for (std::uint32_t i = std::max<std::uint32_t>(from, kept > window ? kept - static_cast<std::uint32_t>(window) : 0u); i < kept; ++i)
+        f = std::min(f, seconds[i % window]);
       return f;
     }
     /// @brief What this candidate is believed to take: measured where it was.
@@ -587,8 +586,7 @@ class StrideExplorer {
   bool within_reach(std::uint32_t k, double reach) const noexcept {
     const Record& c = records_[k];
     if (!c.feasible) return false;
-    const double before = c.predicted_before > 0 ? c.predicted_before : c.predicted;
-    if (k == 0 && std::min({c.predicted, before, c.fastest_kept()}) <= reach) return true;
+    if (k == 0 && std::min({c.predicted, c.predicted_before, c.fastest_kept()}) <= reach) return true;
     return c.reach_estimate(max_slowdown_) <= reach;
   }
 
